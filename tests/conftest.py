@@ -1,0 +1,42 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
+from textgym.policies import LMPolicy  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture
+def env():
+    e = gym.make("TextRLHF-v0", max_new_tokens=12)
+    yield e
+    e.close()
+
+
+def ref_policy(env, seed=0, temperature=1.0):
+    """The reference model sampling with its own cache, sized for ``env``."""
+    g = torch.Generator().manual_seed(seed)
+    return LMPolicy.for_env(env.unwrapped.model, env, temperature=temperature, generator=g)
+
+
+def run_episode(env, policy, seed=0, prompt=None):
+    """Roll one episode; returns (obs list, actions, rewards, infos)."""
+    obs, info = env.reset(seed=seed, options={"prompt": prompt} if prompt is not None else None)
+    observations, actions, rewards, infos = [obs], [], [], []
+    while True:
+        a, _ = policy.act(obs)
+        obs, r, term, trunc, info = env.step(int(a[0]))
+        observations.append(obs)
+        actions.append(int(a[0]))
+        rewards.append(r)
+        infos.append(info)
+        if term or trunc:
+            return observations, np.array(actions), np.array(rewards), infos

@@ -1,0 +1,397 @@
+"""Rebuild the embedded default task from the committed corpus (fixed seeds, 2 CPU cores).
+
+Steps, each written into ``textgym/assets``:
+
+1. corpus: read ``data/reviews.jsonl`` (made by ``generate_corpus.py``), drop junk and
+   near-duplicates, label each review by VADER (the gold scorer) and balance the sentiments;
+2. tokenizer: byte-level BPE trained with ``tokenizers`` (``<pad>``=0, ``<bos>``=1, ``<eos>``=2);
+3. prompts: sentiment-neutral review openings, train and eval splits (from disjoint reviews);
+4. ``lm/``: the reference (SFT) policy, a small ``LlamaForCausalLM`` trained on the corpus;
+5. ``rm/``: the reward model, a ``LlamaForSequenceClassification`` initialised from the SFT
+   body and trained with the Bradley–Terry loss on pairs judged by VADER — pairs drawn from
+   corpus reviews and from SFT samples — then calibrated: its score mean/std under π_ref on the
+   train prompts is stored beside it for normalisation.
+
+Usage::
+
+    python -m textgym.assets.build            # full rebuild (about 25 min on 2 cores)
+    python -m textgym.assets.build --quick    # a tiny, fast build for smoke tests
+
+``data/build_report.json`` records what the build measured (perplexity, RM accuracy,
+Spearman correlation with the gold score, normalisation stats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from textgym.rewards.base import save_norm
+from textgym.rewards.builtin import VaderScorer
+from textgym.rewards.training import PreferencePair, train_reward_model
+from textgym.utils import save_folder_atomically
+
+HERE = Path(__file__).parent
+DATA = HERE / "data"
+
+
+@dataclass
+class BuildConfig:
+    """Sizes and budgets of the embedded models (defaults: the shipped build)."""
+
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 704
+    max_positions: int = 128
+    lm_epochs: int = 4
+    lm_lr: float = 2e-3
+    lm_batch_size: int = 32
+    lm_eval_every: int = 100
+    rm_epochs: int = 2
+    rm_lr: float = 1e-4
+    rm_batch_size: int = 32
+    rm_corpus_pairs: int = 6000
+    rm_sample_prompts: int = 1500
+    rm_samples_per_prompt: int = 4
+    rm_gold_margin: float = 0.1
+    n_train_prompts: int = 1000
+    n_eval_prompts: int = 200
+    calib_prompts: int = 512
+    max_new_tokens: int = 32
+
+    @classmethod
+    def quick(cls) -> BuildConfig:
+        return cls(
+            vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
+            lm_epochs=1, rm_epochs=1, rm_corpus_pairs=300, rm_sample_prompts=50,
+            n_train_prompts=50, n_eval_prompts=20, calib_prompts=32,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------- corpus
+def load_corpus(path: Path, seed: int) -> list[dict]:
+    """Clean, dedupe, VADER-label and sentiment-balance the raw generations."""
+    vader = VaderScorer()
+    seen, rows = set(), []
+    for line in path.read_text().splitlines():
+        text = json.loads(line)["text"]
+        if not text:
+            continue
+        key = re.sub(r"[^a-z ]", "", text.lower())[:60]
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append({"text": text})
+    gold = vader.score_texts([r["text"] for r in rows])
+    for r, g in zip(rows, gold):
+        r["gold"] = float(g)
+    pos = [r for r in rows if r["gold"] >= 0.05]
+    neg = [r for r in rows if r["gold"] <= -0.05]
+    neu = [r for r in rows if -0.05 < r["gold"] < 0.05]
+    rng = random.Random(seed)
+    # SmolLM2 writes mostly positive reviews: keep every negative one, cap the positives at 2x.
+    rng.shuffle(pos)
+    kept = neg + pos[: max(2 * len(neg), 1)] + neu
+    rng.shuffle(kept)
+    return kept
+
+
+def split(rows: list[dict], frac: float = 0.1) -> tuple[list[dict], list[dict]]:
+    n = max(1, int(len(rows) * frac))
+    return rows[n:], rows[:n]
+
+
+# ---------------------------------------------------------------- tokenizer
+def train_tokenizer(texts: list[str], vocab_size: int, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(texts, trainer)
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>")
+    tok.model_max_length = 128
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    tok.save_pretrained(out)
+    return tok
+
+
+# ---------------------------------------------------------------- prompts
+def make_prompts(rows: list[dict], n: int, seed: int) -> list[str]:
+    """Sentiment-neutral openings of 2–4 words ("The movie was", "I just saw a")."""
+    vader, rng = VaderScorer(), random.Random(seed)
+    counts: dict[str, int] = {}
+    for r in rows:
+        words = r["text"].split()
+        k = rng.choice([2, 3, 3, 4])
+        opening = " ".join(words[:k])
+        if len(words) > k + 3 and opening[-1].isalnum() and vader.score_texts([opening])[0] == 0.0:
+            counts[opening] = counts.get(opening, 0) + 1
+    ranked = sorted(counts, key=lambda p: (-counts[p], p))
+    return ranked[:n]
+
+
+# ---------------------------------------------------------------- SFT policy
+def lm_config(cfg: BuildConfig, tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=cfg.max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+
+
+def _lm_batches(seqs: list[list[int]], batch_size: int, rng: random.Random):
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    for start in range(0, len(order), batch_size):
+        chunk = [seqs[i] for i in order[start : start + batch_size]]
+        width = max(len(s) for s in chunk)
+        ids = torch.tensor([s + [0] * (width - len(s)) for s in chunk])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
+        yield ids, mask
+
+
+@torch.no_grad()
+def lm_perplexity(model, seqs: list[list[int]], batch_size: int = 64) -> float:
+    model.eval()
+    nll, count = 0.0, 0
+    for ids, mask in _lm_batches(seqs, batch_size, random.Random(0)):
+        labels = ids.masked_fill(mask == 0, -100)
+        n = int((labels[:, 1:] != -100).sum())
+        nll += model(input_ids=ids, attention_mask=mask, labels=labels).loss.item() * n
+        count += n
+    return math.exp(nll / count)
+
+
+def train_lm(cfg: BuildConfig, tok, train: list[str], val: list[str], out: Path) -> dict:
+    """Next-token training on ``<bos> review <eos>``; keeps the step with the best held-out loss."""
+    from tqdm.auto import tqdm
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    enc = lambda texts: [ids + [tok.eos_token_id] for ids in tok(texts)["input_ids"]]  # noqa: E731
+    train_ids, val_ids = enc(train), enc(val)
+    model = LlamaForCausalLM(lm_config(cfg, tok))
+    optim = torch.optim.AdamW(model.parameters(), lr=cfg.lm_lr, weight_decay=0.1, betas=(0.9, 0.95))
+    steps = cfg.lm_epochs * math.ceil(len(train_ids) / cfg.lm_batch_size)
+    warm = min(100, steps // 10 + 1)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
+    )
+    best, step = (math.inf, None), 0
+    bar = tqdm(total=steps, desc="lm")
+    for _ in range(cfg.lm_epochs):
+        for ids, mask in _lm_batches(train_ids, cfg.lm_batch_size, rng):
+            model.train()
+            loss = model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100)).loss
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            sched.step()
+            step += 1
+            bar.update()
+            if step % cfg.lm_eval_every == 0 or step == steps:
+                ppl = lm_perplexity(model, val_ids)
+                bar.set_postfix(loss=f"{loss.item():.3f}", val_ppl=f"{ppl:.1f}")
+                if ppl < best[0]:
+                    best = (ppl, {k: v.clone() for k, v in model.state_dict().items()})
+    bar.close()
+    model.load_state_dict(best[1])
+    model.to(torch.float16)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    save_folder_atomically(out, lambda tmp: (model.save_pretrained(tmp), tok.save_pretrained(tmp)))
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"val_perplexity": best[0], "parameters": n_params, "steps": step}
+
+
+@torch.no_grad()
+def sample(model, tok, prompts: list[str], n: int, max_new_tokens: int, seed: int, batch_size: int = 128) -> list:
+    """(prompt, response) pairs sampled from ``model`` at temperature 1 with HF generate."""
+    torch.manual_seed(seed)
+    tok.padding_side = "left"
+    out = []
+    todo = [p for p in prompts for _ in range(n)]
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start : start + batch_size]
+        enc = tok(chunk, return_tensors="pt", padding=True)
+        gen = model.generate(
+            **enc, do_sample=True, max_new_tokens=max_new_tokens, top_k=0, top_p=1.0,
+            pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        )  # fmt: skip
+        texts = tok.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        out.extend(zip(chunk, texts))
+    return out
+
+
+# ---------------------------------------------------------------- reward model
+def make_pairs(items: list[tuple[str, str, float]], n_random: int, margin: float, rng: random.Random) -> list:
+    """Pairs judged by the gold score: same-prompt pairs first, then random pairs; near-ties dropped."""
+    by_prompt: dict[str, list] = {}
+    for it in items:
+        by_prompt.setdefault(it[0], []).append(it)
+    pairs = []
+    for group in by_prompt.values():
+        for i in range(len(group)):
+            for j in range(i + 1, len(group)):
+                pairs.append((group[i], group[j]))
+    for _ in range(n_random):
+        pairs.append(tuple(rng.sample(items, 2)))
+    out = []
+    for a, b in pairs:
+        if abs(a[2] - b[2]) < margin:
+            continue  # a labeller with no clear preference skips the pair
+        hi, lo = (a, b) if a[2] > b[2] else (b, a)
+        # Different prompts: the pair compares whole texts, so the prompt lives in each side.
+        if hi[0] == lo[0]:
+            out.append(PreferencePair(hi[0], hi[1], lo[1]))
+        else:
+            out.append(PreferencePair("", hi[0] + hi[1], lo[0] + lo[1]))
+    rng.shuffle(out)
+    return out
+
+
+def corpus_items(rows: list[dict], rng: random.Random) -> list[tuple[str, str, float]]:
+    """Split each review at a word boundary into (opening, continuation, VADER of continuation)."""
+    vader, items = VaderScorer(), []
+    for r in rows:
+        words = r["text"].split()
+        k = rng.choice([2, 3, 4])
+        if len(words) <= k:
+            continue
+        prompt, response = " ".join(words[:k]), " " + " ".join(words[k:])
+        items.append((prompt, response, float(vader.score_texts([response])[0])))
+    return items
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+# ---------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Rebuild textgym's embedded tokenizer, LM and RM.")
+    parser.add_argument("--quick", action="store_true", help="tiny models, for smoke tests")
+    parser.add_argument("--out", type=Path, default=HERE, help="assets folder to write lm/, rm/ and data/ into")
+    parser.add_argument("--corpus", type=Path, default=DATA / "reviews.jsonl")
+    args = parser.parse_args()
+    cfg = BuildConfig.quick() if args.quick else BuildConfig()
+    from transformers import AutoModelForCausalLM
+
+    from textgym.rewards.builtin import HFRewardModel
+    from textgym.rewards.base import Episodes
+
+    t0 = time.time()
+    report: dict = {"config": asdict(cfg)}
+    rng = random.Random(cfg.seed)
+    data_out = args.out / "data"
+    data_out.mkdir(parents=True, exist_ok=True)
+
+    # -- corpus
+    rows = load_corpus(args.corpus, cfg.seed)
+    if args.quick:
+        rows = rows[:800]
+    train_rows, val_rows = split(rows)
+    gold = np.array([r["gold"] for r in rows])
+    report["corpus"] = {
+        "reviews": len(rows), "positive": int((gold >= 0.05).sum()), "negative": int((gold <= -0.05).sum()),
+        "mean_words": float(np.mean([len(r["text"].split()) for r in rows])),
+    }  # fmt: skip
+    print("corpus:", report["corpus"])
+
+    # -- tokenizer (lives in the LM folder; the RM copies it)
+    tok_dir = args.out / ".tokenizer"
+    tok = train_tokenizer([r["text"] for r in train_rows], cfg.vocab_size, tok_dir)
+
+    # -- prompts: train prompts from train reviews, eval prompts from held-out reviews only
+    train_prompts = make_prompts(train_rows, cfg.n_train_prompts, cfg.seed)
+    eval_prompts = [p for p in make_prompts(val_rows, 10 * cfg.n_eval_prompts, cfg.seed + 1)][: cfg.n_eval_prompts]
+    (data_out / "prompts_train.txt").write_text("\n".join(train_prompts) + "\n")
+    (data_out / "prompts_eval.txt").write_text("\n".join(eval_prompts) + "\n")
+
+    # -- SFT policy
+    lm_dir = args.out / "lm"
+    report["lm"] = train_lm(cfg, tok, [r["text"] for r in train_rows], [r["text"] for r in val_rows], lm_dir)
+    print("lm:", report["lm"], f"{time.time() - t0:.0f}s")
+    lm = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float32).eval()
+
+    # -- preference pairs judged by the gold scorer: corpus continuations + SFT samples
+    vader = VaderScorer()
+    sft = sample(lm, tok, rng.sample(train_prompts, min(cfg.rm_sample_prompts, len(train_prompts))),
+                 cfg.rm_samples_per_prompt, cfg.max_new_tokens, cfg.seed)  # fmt: skip
+    sft_items = [(p, r, float(g)) for (p, r), g in zip(sft, vader.score_texts([r for _, r in sft]))]
+    n_sft_val = len(sft_items) // 10
+    train_items = corpus_items(train_rows, rng) + sft_items[n_sft_val:]
+    val_items = corpus_items(val_rows, rng) + sft_items[:n_sft_val]
+    train_pairs = make_pairs(train_items, cfg.rm_corpus_pairs, cfg.rm_gold_margin, rng)
+    val_pairs = make_pairs(val_items, cfg.rm_corpus_pairs // 10, cfg.rm_gold_margin, rng)[:1000]
+    rm_dir = args.out / "rm"
+    result = train_reward_model(
+        train_pairs, lm_dir, rm_dir, epochs=cfg.rm_epochs, lr=cfg.rm_lr, batch_size=cfg.rm_batch_size,
+        val_pairs=val_pairs, seed=cfg.seed,
+    )  # fmt: skip
+    report["rm"] = asdict(result)
+    print("rm:", {k: v for k, v in report["rm"].items() if k != "history"}, f"{time.time() - t0:.0f}s")
+
+    # -- calibration under π_ref on the train prompts, and agreement with the gold scorer
+    rm = HFRewardModel(rm_dir)
+    rm.bind(tok)
+    calib = sample(lm, tok, rng.choices(train_prompts, k=cfg.calib_prompts), 1, cfg.max_new_tokens, cfg.seed + 2)
+    ep = Episodes(
+        prompts=[p for p, _ in calib],
+        responses=[r for _, r in calib],
+        prompt_ids=[tok(p)["input_ids"] for p, _ in calib],
+        response_ids=[tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for _, r in calib],
+    )
+    scores, gold_scores = rm.score(ep), vader.score(ep)
+    save_norm(rm_dir, float(scores.mean()), float(scores.std()), measured_on=f"{len(calib)} samples of pi_ref")
+    report["calibration"] = {
+        "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),
+        "gold_mean": float(gold_scores.mean()), "spearman_rm_gold": spearman(scores, gold_scores),
+    }  # fmt: skip
+    report["samples"] = [
+        {"prompt": p, "response": r, "rm": float(s), "gold": float(g)}
+        for (p, r), s, g in list(zip(calib, scores, gold_scores))[:12]
+    ]
+    report["seconds"] = time.time() - t0
+    (data_out / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
+    import shutil
+
+    shutil.rmtree(tok_dir, ignore_errors=True)
+    print("calibration:", report["calibration"], f"total {report['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

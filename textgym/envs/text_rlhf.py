@@ -1,0 +1,590 @@
+"""TextRLHF-v0: token-level RLHF as a Gymnasium environment, single and natively vectorised."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.utils import seeding
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+# Import the Llama classes the embedded models use now, not inside gym.make (≈3 s of imports).
+from transformers.models.llama import modeling_llama  # noqa: F401
+
+from textgym.models import (
+    DEFAULT_PROMPTS,
+    CachedDecoder,
+    load_causal_lm,
+    load_tokenizer,
+    pad_id_for,
+    resolve_device,
+)
+from textgym.rewards import Episodes, make_reward_model, score_checked
+
+__all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "load_prompts"]
+
+
+def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]:
+    """A list of prompt strings, or a ``.txt`` (one per line) / ``.jsonl`` (``{"prompt": ...}``) path."""
+    if prompts is None:
+        prompts = DEFAULT_PROMPTS
+    if isinstance(prompts, (str, os.PathLike)):
+        path = Path(prompts)
+        if not path.exists():
+            raise FileNotFoundError(f"prompts={str(prompts)!r} does not exist; give a list of str or a .txt/.jsonl path")
+        if path.suffix == ".jsonl":
+            import json
+
+            out = []
+            for n, line in enumerate(path.read_text().splitlines(), start=1):
+                if line.strip():
+                    try:
+                        out.append(json.loads(line)["prompt"])
+                    except (ValueError, KeyError, TypeError) as err:
+                        raise ValueError(f"prompts={str(path)!r}: line {n} is not a JSON object with a 'prompt'") from err
+            prompts = out
+        elif path.suffix == ".txt":
+            prompts = [line for line in path.read_text().splitlines() if line.strip()]
+        else:
+            raise ValueError(f"prompts={str(path)!r} must end in .txt or .jsonl")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty; give at least one prompt")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise TypeError(f"prompts[{i}]={p!r} is not a str")
+    return prompts
+
+
+class _Engine:
+    """Models, prompts and the episode state of N slots: what the single and vector env share.
+
+    Observation layout of a slot, length ``L = max_prompt_tokens + max_new_tokens``::
+
+        [PAD … PAD, prompt tokens][response tokens, PAD … PAD]
+        |<---- max_prompt_tokens ->|<------- max_new_tokens ----->|
+
+    The prompt is left-padded into the first block so that response token k always sits at
+    column ``max_prompt_tokens + k``; ``attention_mask`` marks the real tokens.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        model=None,
+        tokenizer=None,
+        reward_model=None,
+        gold_scorer="vader",
+        prompts=None,
+        max_prompt_tokens: int | None = None,
+        max_new_tokens: int = 32,
+        kl_coef: float = 0.05,
+        normalize_reward: bool | None = None,
+        missing_eos_penalty: float = 0.0,
+        device: str | torch.device | None = "cpu",
+        dtype: str | torch.dtype | None = None,
+    ):
+        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
+        if not np.isfinite(missing_eos_penalty) or missing_eos_penalty < 0:
+            raise ValueError(f"missing_eos_penalty={missing_eos_penalty!r} must be a finite float >= 0")
+        self.device = resolve_device(device)
+        self.kl_coef = kl_coef
+        self.model = load_causal_lm(model, self.device, dtype, name="model")
+        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, name="tokenizer")
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.pad_id = pad_id_for(self.tokenizer)
+        self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
+        self.prompts = load_prompts(prompts)
+        encoded = [self.encode_prompt(p) for p in self.prompts]
+        longest = max(len(e) for e in encoded)
+        if max_prompt_tokens is None:
+            max_prompt_tokens = longest
+        if not isinstance(max_prompt_tokens, (int, np.integer)) or max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be an int >= 1")
+        self.max_prompt_tokens, self.max_new_tokens = int(max_prompt_tokens), int(max_new_tokens)
+        if longest > self.max_prompt_tokens:
+            i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
+            raise ValueError(
+                f"prompts[{i}]={self.prompts[i]!r} is {longest} tokens, more than "
+                f"max_prompt_tokens={self.max_prompt_tokens}; prompts are never truncated"
+            )
+        self.seq_len = self.max_prompt_tokens + self.max_new_tokens
+        self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
+        self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
+        norm = getattr(self.reward_model, "norm", None)
+        if normalize_reward and norm is None:
+            raise ValueError(
+                f"normalize_reward=True but reward model {self.reward_model.name!r} has no stored mean/std; "
+                "run `textgym rm-calibrate` on it or pass normalize_reward=False"
+            )
+        self.norm = norm if normalize_reward or (normalize_reward is None and norm is not None) else None
+        self.missing_eos_penalty = float(missing_eos_penalty)
+
+        n, L = num_slots, self.seq_len
+        self.decoder = CachedDecoder(self.model, n, L)
+        self.input_ids = np.full((n, L), self.pad_id, dtype=np.int64)
+        self.attention_mask = np.zeros((n, L), dtype=np.int64)
+        self.length = np.zeros(n, dtype=np.int64)  # response tokens so far
+        self.started = np.zeros(n, dtype=bool)
+        self.done = np.zeros(n, dtype=bool)
+        self.prompt_text: list[str] = [""] * n
+        self.next_logp = torch.zeros(n, self.vocab_size, device=self.device)  # log π_ref(·|s_t), (N, V)
+
+    def _bind(self, rm):
+        if hasattr(rm, "bind"):
+            rm.bind(self.tokenizer)
+        return rm
+
+    @property
+    def kl_coef(self) -> float:
+        return self._kl_coef
+
+    @kl_coef.setter
+    def kl_coef(self, value: float) -> None:
+        if not isinstance(value, (int, float, np.floating)) or not np.isfinite(value) or value < 0:
+            raise ValueError(f"kl_coef={value!r} must be a finite float >= 0")
+        self._kl_coef = float(value)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids fed to π_ref: the tokenizer's encoding; BOS alone for an empty prompt."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt={prompt!r} is not a str")
+        ids = self.tokenizer(prompt)["input_ids"] if prompt else []
+        return ids if ids else [self.bos_id]
+
+    def observation(self, slots) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids[slots].copy(), "attention_mask": self.attention_mask[slots].copy()}
+
+    def start(self, slots: list[int], prompts: list[str]) -> None:
+        """Begin episodes on ``slots``: write the prompts and prefill π_ref's cache with them."""
+        encoded = [self.encode_prompt(p) for p in prompts]
+        for p, ids in zip(prompts, encoded):
+            if len(ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt={p!r} is {len(ids)} tokens, more than max_prompt_tokens={self.max_prompt_tokens}"
+                )
+        P = self.max_prompt_tokens
+        width = max(len(e) for e in encoded)
+        ids = np.full((len(slots), width), self.eos_id, dtype=np.int64)  # filler under mask 0
+        mask = np.zeros((len(slots), width), dtype=np.int64)
+        for row, (slot, e) in enumerate(zip(slots, encoded)):
+            self.input_ids[slot] = self.pad_id
+            self.attention_mask[slot] = 0
+            self.input_ids[slot, P - len(e) : P] = e
+            self.attention_mask[slot, P - len(e) : P] = 1
+            ids[row, width - len(e) :] = e
+            mask[row, width - len(e) :] = 1
+            self.prompt_text[slot] = prompts[row]
+        slot_t = torch.as_tensor(slots, device=self.device)
+        logits = self.decoder.prefill(
+            slot_t, torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+        )
+        self.next_logp[slot_t] = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+        self.length[slots] = 0
+        self.started[slots] = True
+        self.done[slots] = False
+
+    def response_ids(self, slot: int) -> list[int]:
+        P = self.max_prompt_tokens
+        return self.input_ids[slot, P : P + self.length[slot]].tolist()
+
+    def response_text(self, slot: int) -> str:
+        ids = [t for t in self.response_ids(slot) if t != self.eos_id]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def advance(self, actions: np.ndarray, live: np.ndarray) -> dict[str, Any]:
+        """Apply ``actions`` to the ``live`` slots; one batched π_ref forward, one batched RM call.
+
+        Returns a dict of (N,) arrays: reward, terminated, truncated, ref_logprob; and ``final``,
+        a {slot: info} dict for the episodes that ended on this step.
+        """
+        n = len(actions)
+        idx = np.flatnonzero(live)
+        acts = torch.as_tensor(actions, device=self.device)
+        ref_lp = np.zeros(n, dtype=np.float64)
+        ref_lp[idx] = self.next_logp[idx, acts[idx]].double().cpu().numpy()
+        col = self.max_prompt_tokens + self.length[idx]
+        self.input_ids[idx, col] = actions[idx]
+        self.attention_mask[idx, col] = 1
+        self.length[idx] += 1
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        terminated[idx] = actions[idx] == self.eos_id
+        truncated[idx] = ~terminated[idx] & (self.length[idx] >= self.max_new_tokens)
+        ended = terminated | truncated
+        self.done |= ended
+        reward = self.kl_coef * ref_lp
+        final = self._finish(np.flatnonzero(ended), truncated, reward) if ended.any() else {}
+        if (live & ~ended).any():
+            feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
+            logits = self.decoder.step(feed)
+            self.next_logp = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+        return {
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "ref_logprob": ref_lp,
+            "final": final,
+        }
+
+    def _finish(self, slots: np.ndarray, truncated: np.ndarray, reward: np.ndarray) -> dict[int, dict]:
+        """Score the episodes ending now (one batched call per scorer) and add the end reward."""
+        episodes = Episodes(
+            prompts=[self.prompt_text[s] for s in slots],
+            responses=[self.response_text(s) for s in slots],
+            prompt_ids=[self.encode_prompt(self.prompt_text[s]) for s in slots],
+            response_ids=[self.response_ids(s) for s in slots],
+        )
+        rm = score_checked(self.reward_model, episodes)
+        gold = score_checked(self.gold_scorer, episodes) if self.gold_scorer is not None else np.full(len(slots), np.nan)
+        score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
+        final = {}
+        for k, s in enumerate(slots):
+            penalty = self.missing_eos_penalty if truncated[s] else 0.0
+            reward[s] += score[k] - penalty
+            final[int(s)] = {
+                "rm_score": float(rm[k]),
+                "score_reward": float(score[k]),
+                "eos_penalty": -penalty,
+                "gold_score": float(gold[k]),
+                "prompt": episodes.prompts[k],
+                "response": episodes.responses[k],
+                "response_length": int(self.length[s]),
+            }
+        return final
+
+    def render(self, slot: int) -> str:
+        return self.prompt_text[slot] + self.response_text(slot)
+
+
+def _check_action(action: Any, vocab_size: int, name: str = "action") -> int:
+    """A token id as a Python int, or one clear error naming the value and what is allowed."""
+    if isinstance(action, np.ndarray) and action.shape == ():
+        action = action.item()
+    if isinstance(action, (bool, np.bool_)) or not isinstance(action, (int, np.integer)):
+        raise TypeError(f"{name}={action!r} must be an integer token id in [0, {vocab_size})")
+    if not 0 <= action < vocab_size:
+        raise ValueError(f"{name}={action} is outside the action space: token ids are in [0, {vocab_size})")
+    return int(action)
+
+
+_DOC_ARGS = """
+    Arguments:
+        model: π_ref, a Hugging Face causal-LM folder or hub id (default: the embedded
+            reference LM, a 4-layer Llama trained on short movie reviews).
+        tokenizer: folder or id of the tokenizer (default: the model's).
+        reward_model: r_φ: a registered name (``"default"``, ``"vader"``), an HF
+            sequence-classifier folder or id, a ``"module:attr"`` string, an entry point of
+            the ``textgym.reward_models`` group, an object with ``score(episodes)``, or a
+            function ``f(prompts, responses) -> floats`` (default: the embedded RM).
+        gold_scorer: the same routes; scores every finished episode beside the proxy RM for
+            reward over-optimisation studies (default ``"vader"``; ``None`` turns it off).
+        prompts: list of str, or a ``.txt`` / ``.jsonl`` path (default: the embedded train
+            prompts; the eval prompts are ``textgym.models.EVAL_PROMPTS``).
+        max_prompt_tokens: prompt block length (default: the longest prompt of the set).
+            A longer prompt is refused with a ``ValueError``, never silently truncated.
+        max_new_tokens: response length at which the episode is truncated (default 32).
+        kl_coef: β of the reward (default 0.05); settable between episodes (``env.kl_coef``).
+        normalize_reward: standardise the RM score with the mean/std stored beside it (measured
+            under π_ref); ``None`` (default) does so whenever stats are stored.
+        missing_eos_penalty: subtracted from the last reward when the episode is truncated
+            without EOS (default 0).
+        device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
+        dtype: π_ref's compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
+"""
+
+
+class TextRLHFEnv(gym.Env):
+    __doc__ = (
+        """Token-level RLHF: write the next token of a response to a prompt.
+
+    Description:
+        The KL-regularised RLHF objective of Ziegler et al. (2019) / Ouyang et al. (2022) as an
+        MDP. The state is a prompt plus the tokens generated so far, the action the next
+        token. π_ref (frozen SFT model) and r_φ (frozen reward model) live in the
+        environment; the policy being trained is the agent.
+
+    Action Space:
+        ``Discrete(vocab_size)``: a token id.
+
+    Observation Space:
+        ``Dict(input_ids=Box(0, vocab_size - 1, (L,), int64), attention_mask=Box(0, 1, (L,),
+        int64))`` with ``L = max_prompt_tokens + max_new_tokens``. The prompt is left-padded
+        into the first ``max_prompt_tokens`` columns; response token k is at column
+        ``max_prompt_tokens + k``; the mask is 1 on real tokens.
+
+    Rewards:
+        ``r_t = kl_coef · log π_ref(a_t | s_t)``, plus on the last step the reward-model score
+        (normalised when ``normalize_reward``) minus ``missing_eos_penalty`` if truncated.
+        The reward depends on (s_t, a_t) only. An agent adding ``−kl_coef · log π(a_t|s_t)``
+        of its own sample gets the per-token KL-penalised reward −β·log(π/π_ref) (+ score);
+        one with entropy bonus β optimises E[score] − β·KL(π‖π_ref) in expectation.
+        ``info["ref_logprob"]`` is log π_ref(a_t | s_t) on every step.
+
+    Starting State:
+        A prompt drawn uniformly from ``prompts`` with ``self.np_random``, or
+        ``reset(options={"prompt": text})``; the empty prompt starts from BOS.
+
+    Episode End:
+        Terminated when the action is EOS; truncated after ``max_new_tokens`` tokens. The last
+        step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``,
+        ``gold_score``, ``prompt``, ``response`` and ``response_length``.
+"""
+        + _DOC_ARGS
+        + """
+    Vectorized Environment:
+        ``gym.make_vec("TextRLHF-v0", num_envs=N, vectorization_mode="vector_entry_point")``
+        gives :class:`TextRLHFVectorEnv`: one batched cached π_ref forward per step for all N
+        slots and one batched RM call for the episodes ending on that step.
+
+    Version History:
+        v0: initial release.
+
+    Example:
+        >>> import gymnasium as gym, textgym
+        >>> env = gym.make("TextRLHF-v0", max_new_tokens=4)
+        >>> obs, info = env.reset(seed=0, options={"prompt": "The movie was"})
+        >>> obs["input_ids"].shape == env.observation_space["input_ids"].shape
+        True
+        >>> obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        >>> bool(np.isclose(reward, env.unwrapped.kl_coef * info["ref_logprob"])) or terminated
+        True
+    """
+    )
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+
+    def __init__(self, render_mode: str | None = None, **kwargs: Any):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self._engine = _Engine(1, **kwargs)
+        e = self._engine
+        self.action_space = spaces.Discrete(e.vocab_size)
+        self.observation_space = spaces.Dict(
+            {
+                "input_ids": spaces.Box(0, e.vocab_size - 1, (e.seq_len,), np.int64),
+                "attention_mask": spaces.Box(0, 1, (e.seq_len,), np.int64),
+            }
+        )
+
+    # Models and settings are the engine's; expose the ones users and agents read.
+    model = property(lambda self: self._engine.model)
+    tokenizer = property(lambda self: self._engine.tokenizer)
+    reward_model = property(lambda self: self._engine.reward_model)
+    gold_scorer = property(lambda self: self._engine.gold_scorer)
+    prompts = property(lambda self: self._engine.prompts)
+    max_prompt_tokens = property(lambda self: self._engine.max_prompt_tokens)
+    max_new_tokens = property(lambda self: self._engine.max_new_tokens)
+    eos_token_id = property(lambda self: self._engine.eos_id)
+    pad_token_id = property(lambda self: self._engine.pad_id)
+    kl_coef = property(
+        lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β"
+    )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        prompt = options.get("prompt")
+        if prompt is None:
+            prompt = self._engine.prompts[int(self.np_random.integers(len(self._engine.prompts)))]
+        self._engine.start([0], [prompt])
+        return self._engine.observation(0), {"prompt": prompt}
+
+    def step(self, action):
+        e = self._engine
+        if not e.started[0]:
+            raise RuntimeError("step() called before reset(); call env.reset() first")
+        if e.done[0]:
+            raise RuntimeError("step() called after the episode ended (terminated or truncated); call env.reset()")
+        a = _check_action(action, e.vocab_size)
+        out = e.advance(np.array([a], dtype=np.int64), np.ones(1, dtype=bool))
+        info = {"ref_logprob": float(out["ref_logprob"][0]), **out["final"].get(0, {})}
+        return e.observation(0), float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._engine.render(0)
+        return None
+
+
+_AUTORESET = {
+    **{m: m for m in AutoresetMode},
+    "next_step": AutoresetMode.NEXT_STEP,
+    "same_step": AutoresetMode.SAME_STEP,
+    "disabled": AutoresetMode.DISABLED,
+}
+
+
+class TextRLHFVectorEnv(VectorEnv):
+    __doc__ = (
+        """N episode slots of :class:`TextRLHFEnv` stepped together.
+
+    Every step runs one batched, KV-cached π_ref forward over all N slots and one batched
+    reward-model call for the episodes that end on it; slots finish at different steps.
+
+    Autoreset (``autoreset_mode``, declared in ``metadata["autoreset_mode"]``):
+        ``"next_step"`` (Gymnasium's default): a finished slot is reset on the next ``step``,
+        whose action for it is ignored (reward 0). ``"same_step"``: reset at once, the final
+        observation and info in ``info["final_obs"]`` / ``info["final_info"]``.
+        ``"disabled"``: finished slots wait for ``reset(options={"reset_mask": mask})``;
+        stepping one is an error (what TorchRL's ``GymWrapper`` uses).
+
+    Seeding matches ``SyncVectorEnv``: ``reset(seed=s)`` seeds slot i with ``s + i``.
+    ``reset(options={"prompt": str | list[str]})`` sets the prompts of the reset slots.
+"""
+        + _DOC_ARGS
+        + """        num_envs: number of slots N.
+        autoreset_mode: see above (an ``AutoresetMode`` or its string value).
+    """
+    )
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4, "autoreset_mode": AutoresetMode.NEXT_STEP}
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        render_mode: str | None = None,
+        **kwargs: Any,
+    ):
+        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+            raise ValueError(f"num_envs={num_envs!r} must be an int >= 1")
+        mode = _AUTORESET.get(autoreset_mode.lower() if isinstance(autoreset_mode, str) else autoreset_mode)
+        if mode is None:
+            raise ValueError(f"autoreset_mode={autoreset_mode!r} is not one of {sorted(_AUTORESET, key=str)}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
+        self.metadata = {**type(self).metadata, "autoreset_mode": mode}
+        self.render_mode = render_mode
+        self.num_envs = int(num_envs)
+        self._engine = _Engine(self.num_envs, **kwargs)
+        e = self._engine
+        self.single_action_space = spaces.Discrete(e.vocab_size)
+        self.single_observation_space = spaces.Dict(
+            {
+                "input_ids": spaces.Box(0, e.vocab_size - 1, (e.seq_len,), np.int64),
+                "attention_mask": spaces.Box(0, 1, (e.seq_len,), np.int64),
+            }
+        )
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self._slot_rngs = [seeding.np_random()[0] for _ in range(self.num_envs)]
+        self._autoreset = np.zeros(self.num_envs, dtype=bool)
+
+    @property
+    def autoreset_mode(self) -> AutoresetMode:
+        """The autoreset mode (also in ``metadata``; TorchRL's GymWrapper reads this attribute)."""
+        return self.metadata["autoreset_mode"]
+
+    model = TextRLHFEnv.model
+    tokenizer = TextRLHFEnv.tokenizer
+    reward_model = TextRLHFEnv.reward_model
+    gold_scorer = TextRLHFEnv.gold_scorer
+    prompts = TextRLHFEnv.prompts
+    max_prompt_tokens = TextRLHFEnv.max_prompt_tokens
+    max_new_tokens = TextRLHFEnv.max_new_tokens
+    eos_token_id = TextRLHFEnv.eos_token_id
+    pad_token_id = TextRLHFEnv.pad_token_id
+    kl_coef = TextRLHFEnv.kl_coef
+
+    def _start(self, slots: np.ndarray, prompts: str | Sequence[str] | None) -> None:
+        if prompts is None:
+            e = self._engine
+            chosen = [e.prompts[int(self._slot_rngs[s].integers(len(e.prompts)))] for s in slots]
+        elif isinstance(prompts, str):
+            chosen = [prompts] * len(slots)
+        else:
+            chosen = list(prompts)
+            if len(chosen) != len(slots):
+                raise ValueError(f"options['prompt'] has {len(chosen)} prompts for {len(slots)} slots being reset")
+        self._engine.start(slots.tolist(), chosen)
+
+    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
+        options = options or {}
+        mask = options.get("reset_mask")
+        if mask is None:
+            mask = np.ones(self.num_envs, dtype=bool)
+        mask = np.asarray(mask)
+        if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
+            raise ValueError(f"options['reset_mask'] must be a bool array of shape ({self.num_envs},), got {mask!r}")
+        if seed is not None:
+            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, (int, np.integer)) else list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"seed has {len(seeds)} entries for num_envs={self.num_envs}")
+            super().reset(seed=seeds[0])
+            for i in np.flatnonzero(mask):
+                if seeds[i] is not None:
+                    self._slot_rngs[i] = seeding.np_random(int(seeds[i]))[0]
+        slots = np.flatnonzero(mask)
+        if slots.size:
+            self._start(slots, options.get("prompt"))
+        self._autoreset[slots] = False
+        info: dict[str, Any] = {}
+        for s in slots:
+            info = self._add_info(info, {"prompt": self._engine.prompt_text[s]}, int(s))
+        return self._engine.observation(slice(None)), info
+
+    def step(self, actions):
+        e = self._engine
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,) or not np.issubdtype(actions.dtype, np.integer):
+            raise ValueError(
+                f"actions={actions!r} must be an integer array of shape ({self.num_envs},) "
+                f"with token ids in [0, {e.vocab_size})"
+            )
+        if not e.started.all():
+            raise RuntimeError("step() called before reset() for some slots; call envs.reset() first")
+        bad = np.flatnonzero((actions < 0) | (actions >= e.vocab_size))
+        if bad.size:
+            raise ValueError(
+                f"actions[{bad[0]}]={actions[bad[0]]} is outside the action space: token ids are in [0, {e.vocab_size})"
+            )
+        mode = self.metadata["autoreset_mode"]
+        resetting = self._autoreset.copy() if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
+        if mode == AutoresetMode.DISABLED and e.done.any():
+            raise RuntimeError(
+                f"step() called on finished slots {np.flatnonzero(e.done).tolist()} with autoreset disabled; "
+                "reset them with reset(options={'reset_mask': mask})"
+            )
+        live = ~e.done & ~resetting
+        out = e.advance(actions.astype(np.int64), live)
+        slot_info = {int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"].get(int(s), {})} for s in np.flatnonzero(live)}
+        ended = out["terminated"] | out["truncated"]
+        if resetting.any():
+            self._start(np.flatnonzero(resetting), None)
+        info: dict[str, Any] = {}
+        if mode == AutoresetMode.SAME_STEP and ended.any():
+            # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
+            slots = np.flatnonzero(ended)
+            final_obs = e.observation(slots)
+            for row, s in enumerate(slots):
+                obs_s = {k: v[row] for k, v in final_obs.items()}
+                info = self._add_info(info, {"final_obs": obs_s, "final_info": slot_info[int(s)]}, int(s))
+            self._start(slots, None)
+            for s in slots:
+                slot_info[int(s)] = {"prompt": e.prompt_text[s]}
+        for s, si in slot_info.items():
+            info = self._add_info(info, si, s)
+        self._autoreset = ended if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
+        return (
+            e.observation(slice(None)),
+            out["reward"],
+            out["terminated"],
+            out["truncated"],
+            info,
+        )
+
+    def render(self) -> tuple[str, ...] | None:
+        if self.render_mode == "ansi":
+            return tuple(self._engine.render(i) for i in range(self.num_envs))
+        return None

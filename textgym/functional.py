@@ -1,0 +1,109 @@
+"""Pure tensor helpers shared by the environment and the agents.
+
+Everything here is a function of tensors only: no models, no state. Shapes are checked and a
+mismatch raises a ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "position_ids_from_mask",
+    "gather_logprobs",
+]
+
+
+def _check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} has shape {tuple(a.shape)} but {name_b} has {tuple(b.shape)}")
+
+
+def kl_penalty(logprob: Tensor, ref_logprob: Tensor, estimator: str = "k1") -> Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from log-probs of tokens sampled from π.
+
+    Args:
+        logprob: log π(a_t | s_t) of the sampled tokens, any shape.
+        ref_logprob: log π_ref(a_t | s_t), same shape.
+        estimator: ``"k1"`` (log-ratio, unbiased, can be negative), ``"k2"`` (½·log-ratio²) or
+            ``"k3"`` ((ρ − 1) − log ρ with ρ = π_ref/π; unbiased and non-negative), after
+            Schulman, "Approximating KL Divergence" (2020).
+
+    Returns:
+        The per-token estimate, same shape as the inputs.
+    """
+    _check_same_shape(logprob, ref_logprob, "logprob", "ref_logprob")
+    log_ratio = logprob - ref_logprob  # log π/π_ref
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    if estimator == "k3":
+        return torch.expm1(-log_ratio) + log_ratio
+    raise ValueError(f"estimator={estimator!r} is not one of 'k1', 'k2', 'k3'")
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of ``x`` over the positions where ``mask`` is true."""
+    _check_same_shape(x, mask, "x", "mask")
+    x = x * mask.to(x.dtype)
+    return x.sum() if dim is None else x.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over the positions where ``mask`` is true (0 where nothing is selected)."""
+    count = mask.to(x.dtype).sum() if dim is None else mask.to(x.dtype).sum(dim)
+    return masked_sum(x, mask, dim) / count.clamp(min=1.0)
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    """Variance of the selected entries of ``x`` (Bessel-corrected by default)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).square(), mask)
+    if unbiased:
+        n = mask.to(x.dtype).sum()
+        if n < 2:
+            raise ValueError(f"masked_var needs at least 2 selected entries for unbiased=True, got {int(n)}")
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Standardise the selected entries of ``x`` to unit variance (and zero mean if ``shift_mean``).
+
+    Entries outside the mask are returned unchanged. Used for advantage whitening, where the
+    prompt and padding positions must not move the statistics.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, x)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Position ids that skip padding: the k-th real token of a row gets position k.
+
+    Works for left, right and interior padding; padding positions get 0.
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def gather_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log-softmax(logits)[..., token]: the log-prob of ``tokens`` under ``logits``.
+
+    Args:
+        logits: ``(..., V)`` unnormalised scores.
+        tokens: ``(...)`` token ids.
+    """
+    if logits.shape[:-1] != tokens.shape:
+        raise ValueError(f"logits has batch shape {tuple(logits.shape[:-1])} but tokens has {tuple(tokens.shape)}")
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)

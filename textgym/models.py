@@ -1,0 +1,278 @@
+"""Model and tokenizer loading, and the batched KV-cached decoder behind the environment.
+
+The embedded defaults live in ``textgym/assets`` as Hugging Face folders; any other causal LM
+folder or hub id (already in the local cache: nothing is downloaded at run time when
+``HF_HUB_OFFLINE=1``) can be given instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from textgym.functional import position_ids_from_mask
+
+ASSETS = Path(__file__).parent / "assets"
+DEFAULT_LM = ASSETS / "lm"
+DEFAULT_RM = ASSETS / "rm"
+DEFAULT_PROMPTS = ASSETS / "data" / "prompts_train.txt"
+EVAL_PROMPTS = ASSETS / "data" / "prompts_eval.txt"
+
+__all__ = [
+    "CachedDecoder",
+    "DEFAULT_LM",
+    "DEFAULT_RM",
+    "DEFAULT_PROMPTS",
+    "EVAL_PROMPTS",
+    "load_causal_lm",
+    "load_tokenizer",
+    "pad_id_for",
+    "resolve_device",
+    "resolve_dtype",
+    "response_logprobs",
+]
+
+def quiet_transformers() -> None:
+    """No per-load progress bars or load reports: the env is built often, in tests and loops."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    logging.set_verbosity_error()
+
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/``"auto"`` → CUDA when available, else CPU; anything else is passed to torch."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a torch device; use 'auto', 'cpu' or 'cuda[:N]'") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available here; use 'cpu' or 'auto'")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """``None`` → float32; strings ``"float32"``, ``"float16"``, ``"bfloat16"`` or a torch dtype."""
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _check_source(name: str, value: str | os.PathLike) -> str:
+    """A local folder is used as is; a string that can only be a path must exist; else a hub id."""
+    text = os.fspath(value)
+    path = Path(text).expanduser()
+    if path.exists():
+        return str(path)
+    if text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise FileNotFoundError(f"{name}={text!r} does not exist; give a Hugging Face model folder or a hub id")
+    return text
+
+
+def load_tokenizer(source: str | os.PathLike | None = None, name: str = "tokenizer"):
+    """Load a tokenizer (default: the embedded one); it must have an EOS token."""
+    from transformers import AutoTokenizer
+
+    src = _check_source(name, source if source is not None else DEFAULT_LM)
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except OSError as err:
+        raise FileNotFoundError(f"{name}={src!r} could not be loaded as a tokenizer: {err}") from err
+    if tok.eos_token_id is None:
+        raise ValueError(f"{name}={src!r} has no EOS token; the environment ends episodes on EOS")
+    return tok
+
+
+def pad_id_for(tokenizer) -> int:
+    """A PAD id distinct from EOS and inside the vocabulary.
+
+    Padding is always marked by the attention mask; a tokenizer without its own PAD (GPT-2
+    style) pads with UNK, or id 0 (1 if 0 is EOS), rather than growing the vocabulary.
+    """
+    for candidate in (tokenizer.pad_token_id, tokenizer.unk_token_id, 0, 1):
+        if candidate is not None and candidate != tokenizer.eos_token_id:
+            return int(candidate)
+    raise AssertionError("unreachable: 0 and 1 cannot both be EOS")
+
+
+def load_causal_lm(
+    source: str | os.PathLike | None = None,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype | None = None,
+    name: str = "model",
+    trainable: bool = False,
+):
+    """Load a causal LM in ``dtype`` (default float32) on ``device``; frozen and in eval mode unless ``trainable``."""
+    from transformers import AutoModelForCausalLM
+
+    quiet_transformers()
+    src = _check_source(name, source if source is not None else DEFAULT_LM)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=resolve_dtype(dtype))
+    except OSError as err:
+        raise FileNotFoundError(f"{name}={src!r} could not be loaded as a causal LM: {err}") from err
+    model.to(resolve_device(device))
+    model.eval()  # also for a trainable policy: PPO needs dropout off (N+ implementation details)
+    model.requires_grad_(trainable)
+    return model
+
+
+class CachedDecoder:
+    """Batched incremental decoding with one KV-cache row per episode slot.
+
+    Slots start and finish at different times, so the cache is a single ``DynamicCache`` whose
+    columns are *not* positions: every row carries its own position ids (RoPE is applied before
+    caching) and its own attention mask over the columns. A step appends one column for every
+    slot; a reset re-fills the rows of the resetting slots with their prompt, right-aligned at
+    the end of the cache. Each live row is then one contiguous run of valid columns ending at
+    the right edge, so columns older than ``max_len`` can be dropped for every row at once.
+
+    Args:
+        model: a Hugging Face causal LM that accepts ``position_ids``, ``attention_mask`` and
+            ``past_key_values`` (Llama-family models do).
+        num_slots: number of rows N.
+        max_len: the longest prompt + response a slot can hold.
+    """
+
+    def __init__(self, model, num_slots: int, max_len: int):
+        self.model = model
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.device = next(model.parameters()).device
+        self.cache = None
+        self.mask = torch.zeros(num_slots, 0, dtype=torch.long, device=self.device)  # (N, C)
+        self.next_pos = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # (N,)
+
+    @torch.no_grad()
+    def prefill(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Start ``slots`` on left-padded prompts; return their next-token logits ``(k, V)``."""
+        from transformers import DynamicCache
+
+        out = self.model(
+            input_ids=input_ids,  # (k, P)
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            cache=DynamicCache(config=self.model.config),  # transformers 5 name of past_key_values
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self._merge(slots, out.cache, attention_mask)
+        self.next_pos[slots] = attention_mask.sum(-1)
+        return out.logits[:, -1].float()
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor) -> Tensor:
+        """Feed one token per slot ``(N,)``; return the next-token logits ``(N, V)``.
+
+        Finished slots are fed a token too (their rows are rewritten at their next reset), which
+        keeps the batch rectangular and costs less than selecting the live rows every step.
+        """
+        if self.cache is None:
+            raise RuntimeError("CachedDecoder.step() before any prefill()")
+        ones = torch.ones(self.num_slots, 1, dtype=torch.long, device=self.device)
+        self.mask = torch.cat([self.mask, ones], dim=1)  # (N, C+1)
+        out = self.model(
+            input_ids=tokens.view(-1, 1),
+            attention_mask=self.mask,
+            position_ids=self.next_pos.view(-1, 1),
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache = out.cache
+        self.next_pos += 1
+        self._trim()
+        return out.logits[:, -1].float()
+
+    def _layers(self):
+        return self.cache.layers
+
+    def _merge(self, slots: Tensor, new_cache, new_mask: Tensor) -> None:
+        """Write ``new_cache`` (k rows, P columns) into rows ``slots``, right-aligned."""
+        k, p = new_mask.shape
+        if self.cache is None:
+            self.cache = new_cache
+            if k != self.num_slots or not torch.equal(slots, torch.arange(k, device=slots.device)):
+                for layer in self._layers():
+                    for attr in ("keys", "values"):
+                        t = getattr(layer, attr)
+                        full = t.new_zeros((self.num_slots, *t.shape[1:]))
+                        full[slots] = t
+                        setattr(layer, attr, full)
+            self.mask = torch.zeros(self.num_slots, p, dtype=torch.long, device=self.device)
+            self.mask[slots] = new_mask
+            return
+        width = self.mask.shape[1]
+        if p > width:  # grow every row on the left with masked columns
+            self._pad_left(p - width)
+            width = p
+        for old, new in zip(self._layers(), new_cache.layers):
+            for attr in ("keys", "values"):
+                t = getattr(old, attr)  # (N, H, C, D)
+                t[slots] = 0
+                t[slots, :, width - p :] = getattr(new, attr)
+        self.mask[slots] = 0
+        self.mask[slots, width - p :] = new_mask
+
+    def _pad_left(self, n: int) -> None:
+        for layer in self._layers():
+            for attr in ("keys", "values"):
+                t = getattr(layer, attr)
+                setattr(layer, attr, torch.cat([t.new_zeros((*t.shape[:2], n, t.shape[3])), t], dim=2))
+        self.mask = torch.cat([self.mask.new_zeros(self.num_slots, n), self.mask], dim=1)
+
+    def _trim(self) -> None:
+        """Drop columns older than ``max_len``: no live row reaches back that far."""
+        extra = self.mask.shape[1] - self.max_len
+        if extra <= 0:
+            return
+        for layer in self._layers():
+            layer.keys = layer.keys[:, :, extra:]
+            layer.values = layer.values[:, :, extra:]
+        self.mask = self.mask[:, extra:]
+
+
+def response_logprobs(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Teacher-forced log-probs of every response token in ONE forward pass.
+
+    Takes the environment's observation layout: the prompt left-padded into the first
+    ``prompt_len`` columns, response token k at column ``prompt_len + k``.
+
+    Args:
+        input_ids: ``(B, L)`` token ids.
+        attention_mask: ``(B, L)``, 1 on real tokens.
+        prompt_len: the env's ``max_prompt_tokens``.
+        temperature: logits are divided by it, as when sampling.
+        with_entropy: also return the per-token entropy of the (tempered) distribution.
+
+    Returns:
+        ``(B, T)`` log-probs, T = L − prompt_len, and ``(B, T)`` entropies or None. Positions
+        past a response's end hold values of padding; mask them with ``attention_mask[:, prompt_len:]``.
+    """
+    ids = input_ids.masked_fill(attention_mask == 0, 0) if input_ids.min() < 0 else input_ids
+    out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    # The logit at column c predicts the token at column c + 1: the classic off-by-one.
+    logits = out.logits[:, prompt_len - 1 : -1].float() / temperature  # (B, T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    tokens = input_ids[:, prompt_len:]  # (B, T)
+    token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
+    return token_logp, entropy

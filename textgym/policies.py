@@ -1,0 +1,105 @@
+"""A causal LM acting in TextRLHF-v0 with its own KV cache: one cached forward per token.
+
+Used as the reference policy (``textgym play``, the benchmarks, the tests) and by the PPO
+agent's rollout, where the policy being trained samples the actions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from textgym.models import CachedDecoder
+
+__all__ = ["LMPolicy"]
+
+
+class LMPolicy:
+    """Sample next tokens from a causal LM for N env slots, reading the env's observations.
+
+    The policy keeps one KV-cache row per slot. It reads from each observation how many
+    response tokens the slot holds: none means a new episode (prefill the prompt block), one
+    more than it has consumed means feed that token. Any other case (a finished slot whose
+    observation did not change) feeds a filler token whose output is ignored; that row is
+    rewritten at the slot's next reset.
+
+    Args:
+        model: a Hugging Face causal LM (its own device and dtype are used).
+        num_slots: N, the env's ``num_envs`` (1 for a single env).
+        prompt_len: the env's ``max_prompt_tokens``.
+        max_len: the env's observation length.
+        eos_token_id: filler for slots whose output is ignored.
+        temperature: sampling temperature; 0 means greedy.
+        generator: a ``torch.Generator`` for reproducible sampling.
+    """
+
+    def __init__(
+        self,
+        model,
+        num_slots: int,
+        prompt_len: int,
+        max_len: int,
+        eos_token_id: int,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ):
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        self.model = model
+        self.prompt_len = prompt_len
+        self.eos = eos_token_id
+        self.temperature = temperature
+        self.generator = generator
+        self.decoder = CachedDecoder(model, num_slots, max_len)
+        self.device = self.decoder.device
+        self.fed = np.full(num_slots, -1, dtype=np.int64)  # response tokens consumed per slot
+
+    @classmethod
+    def for_env(cls, model, env, **kwargs) -> LMPolicy:
+        """Size the policy for a ``TextRLHFEnv`` or ``TextRLHFVectorEnv`` (wrapped or not)."""
+        base = env.unwrapped
+        return cls(
+            model,
+            getattr(base, "num_envs", 1),
+            base.max_prompt_tokens,
+            base.max_prompt_tokens + base.max_new_tokens,
+            base.eos_token_id,
+            **kwargs,
+        )
+
+    @torch.no_grad()
+    def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
+        """Next-token logits ``(N, V)`` for the observations ``(N, L)`` (or ``(L,)``)."""
+        ids = torch.as_tensor(obs["input_ids"], device=self.device).reshape(len(self.fed), -1)
+        mask = torch.as_tensor(obs["attention_mask"], device=self.device).reshape(len(self.fed), -1)
+        resp_len = mask[:, self.prompt_len :].sum(1).cpu().numpy()
+        new = np.flatnonzero(resp_len == 0)
+        cont = resp_len == self.fed + 1
+        out = None
+        if self.decoder.cache is not None and (resp_len > 0).any():
+            last_col = torch.as_tensor(self.prompt_len + np.maximum(resp_len, 1) - 1, device=self.device)
+            last = ids.gather(1, last_col.view(-1, 1)).squeeze(1)
+            feed = torch.where(torch.as_tensor(cont, device=self.device), last, self.eos)
+            out = self.decoder.step(feed)
+        if new.size:
+            slots = torch.as_tensor(new, device=self.device)
+            prompt_ids, prompt_mask = ids[slots, : self.prompt_len], mask[slots, : self.prompt_len]
+            new_logits = self.decoder.prefill(slots, prompt_ids, prompt_mask)
+            if out is None:
+                out = new_logits.new_zeros(len(self.fed), new_logits.shape[-1])
+            out[slots] = new_logits
+        self.fed = np.where(resp_len == 0, 0, np.where(cont, resp_len, self.fed))
+        return out
+
+    @torch.no_grad()
+    def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
+        """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the tempered policy."""
+        logits = self.logits(obs)
+        if self.temperature == 0:
+            logp = torch.log_softmax(logits, dim=-1)
+            actions = logits.argmax(-1)
+        else:
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

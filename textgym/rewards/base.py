@@ -1,0 +1,120 @@
+"""The reward-model protocol and the checks every score goes through.
+
+A reward model scores a batch of finished episodes and returns one float per episode. It gets
+the prompt and response as text *and* as token ids of the environment's tokenizer, so a model
+sharing that tokenizer needs no re-tokenisation while any other model re-tokenises the text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+NORM_FILE = "textgym_reward.json"
+
+__all__ = ["Episodes", "RewardModel", "RewardModelError", "NORM_FILE", "load_norm", "save_norm", "score_checked"]
+
+
+class RewardModelError(RuntimeError):
+    """A reward model failed or returned something that is not one finite float per episode."""
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """A batch of finished episodes handed to a reward model.
+
+    Attributes:
+        prompts: prompt texts.
+        responses: response texts (without the EOS token).
+        prompt_ids: prompt token ids as fed to the reference model (BOS included when the
+            tokenizer adds one), one list per episode.
+        response_ids: generated token ids, EOS included when the episode ended on it.
+    """
+
+    prompts: list[str]
+    responses: list[str]
+    prompt_ids: list[list[int]]
+    response_ids: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """What the environment needs from a reward model.
+
+    Attributes:
+        name: a short name used in error messages and logs.
+        shares_tokenizer: true when the model is a transformer over the policy's tokenizer,
+            whose backbone can initialise the PPO critic (``backbone`` then returns it).
+    """
+
+    name: str
+    shares_tokenizer: bool
+
+    def score(self, episodes: Episodes) -> Sequence[float] | np.ndarray | torch.Tensor:
+        """Return one score per episode."""
+        ...
+
+
+def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
+    """Call ``model.score`` and check its output: finite floats, one per episode.
+
+    Raises:
+        RewardModelError: naming the reward model and, for a bad value, the offending episode.
+    """
+    name = getattr(model, "name", type(model).__name__)
+    try:
+        raw = model.score(episodes)
+    except Exception as err:  # surface any failure with the model's name attached
+        raise RewardModelError(f"reward model {name!r} raised {type(err).__name__}: {err}") from err
+    if isinstance(raw, torch.Tensor):
+        raw = raw.detach().float().cpu().numpy()
+    try:
+        scores = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise RewardModelError(
+            f"reward model {name!r} returned {type(raw).__name__}, which is not a sequence of floats"
+        ) from err
+    if scores.ndim == 2 and scores.shape[1] == 1:
+        scores = scores[:, 0]
+    if scores.shape != (len(episodes),):
+        raise RewardModelError(
+            f"reward model {name!r} returned shape {scores.shape} for {len(episodes)} episodes; "
+            f"expected one float per episode, shape ({len(episodes)},)"
+        )
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if bad.size:
+        i = int(bad[0])
+        raise RewardModelError(
+            f"reward model {name!r} returned {scores[i]} for episode {i} "
+            f"(prompt={episodes.prompts[i]!r}, response={episodes.responses[i]!r}); scores must be finite"
+        )
+    return scores
+
+
+def load_norm(folder: str | Path) -> tuple[float, float] | None:
+    """The (mean, std) of a reward model's score under π_ref stored beside it, if any."""
+    path = Path(folder) / NORM_FILE
+    if not path.exists():
+        return None
+    stats = json.loads(path.read_text())
+    return float(stats["mean"]), float(stats["std"])
+
+
+def save_norm(folder: str | Path, mean: float, std: float, **extra) -> None:
+    """Store normalisation statistics beside a reward model (written atomically)."""
+    if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
+        raise ValueError(f"normalisation stats must be finite with std > 0, got mean={mean}, std={std}")
+    path = Path(folder) / NORM_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"mean": mean, "std": std, **extra}, indent=2) + "\n")
+    tmp.replace(path)

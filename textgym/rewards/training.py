@@ -1,0 +1,190 @@
+"""Training a Bradley–Terry reward model from preference pairs.
+
+The loss is −log σ(r(x, y_chosen) − r(x, y_rejected)) (Bradley & Terry, 1952; Ouyang et al.,
+2022). The model is a causal-LM backbone with a fresh scalar head
+(``AutoModelForSequenceClassification`` with ``num_labels=1``), pooled at the last token —
+the EOS appended to every response, as the environment feeds finished episodes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from textgym.functional import position_ids_from_mask
+from textgym.utils import save_folder_atomically
+
+__all__ = ["PreferencePair", "RMTrainResult", "encode_episode", "load_pairs", "train_reward_model"]
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+@dataclass
+class RMTrainResult:
+    """What a reward-model training run measured (held-out accuracy on the best epoch)."""
+
+    val_accuracy: float
+    val_loss: float
+    train_pairs: int
+    val_pairs: int
+    epochs_run: int
+    history: list[dict]
+
+
+def load_pairs(path: str | Path) -> list[PreferencePair]:
+    """Read JSONL lines ``{"prompt", "chosen", "rejected"}``; any bad line raises naming its number."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"pairs={str(path)!r} does not exist")
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: invalid JSON ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected an object with prompt, chosen, rejected")
+        for key in ("prompt", "chosen", "rejected"):
+            if key not in row:
+                raise ValueError(f"{path}:{n}: missing key {key!r}")
+            if not isinstance(row[key], str):
+                raise ValueError(f"{path}:{n}: {key!r} must be a string, got {type(row[key]).__name__}")
+        if not row["chosen"].strip() or not row["rejected"].strip():
+            raise ValueError(f"{path}:{n}: 'chosen' and 'rejected' must be non-empty strings")
+        pairs.append(PreferencePair(row["prompt"], row["chosen"], row["rejected"]))
+    if not pairs:
+        raise ValueError(f"pairs={str(path)!r} holds no preference pairs")
+    return pairs
+
+
+def encode_episode(tokenizer, prompt: str, response: str) -> list[int]:
+    """Token ids as the environment hands a finished episode to a reward model sharing its tokenizer.
+
+    prompt (with BOS when the tokenizer adds one) + response + EOS.
+    """
+    ids = tokenizer(prompt)["input_ids"] if prompt else []
+    if not ids:
+        ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
+    return ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])  # left padding
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+def _rewards(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, 0]
+
+
+@torch.no_grad()
+def _evaluate(model, data: list[tuple[list[int], list[int]]], pad_id: int, batch_size: int) -> tuple[float, float]:
+    model.eval()
+    losses, correct = [], 0
+    for start in range(0, len(data), batch_size):
+        chunk = data[start : start + batch_size]
+        ids, mask = _batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id)
+        r = _rewards(model, ids, mask)
+        margin = r[: len(chunk)] - r[len(chunk) :]
+        losses.append(-F.logsigmoid(margin).sum().item())
+        correct += (margin > 0).sum().item()
+    return sum(losses) / len(data), correct / len(data)
+
+
+def train_reward_model(
+    pairs: list[PreferencePair],
+    backbone: str | Path,
+    out: str | Path,
+    *,
+    epochs: int = 3,
+    lr: float = 3e-4,
+    batch_size: int = 32,
+    val_fraction: float = 0.1,
+    val_pairs: list[PreferencePair] | None = None,
+    patience: int = 1,
+    seed: int = 0,
+    save_dtype: torch.dtype = torch.float16,
+    progress: bool = True,
+) -> RMTrainResult:
+    """Train a Bradley–Terry reward model and save it as a Hugging Face folder at ``out``.
+
+    Args:
+        pairs: training pairs (a held-out split of ``val_fraction`` is taken from them unless
+            ``val_pairs`` is given).
+        backbone: a causal-LM folder; its body initialises the reward model and its tokenizer
+            is saved with it (so the result shares the policy tokenizer).
+        out: destination folder, replaced atomically.
+        epochs, lr, batch_size, patience: AdamW schedule; training stops early once the
+            held-out loss has not improved for ``patience`` epochs and the best epoch is kept.
+        save_dtype: storage precision of the saved weights.
+    """
+    from tqdm.auto import tqdm
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if not pairs:
+        raise ValueError("pairs is empty")
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    tokenizer = AutoTokenizer.from_pretrained(backbone)
+    model = AutoModelForSequenceClassification.from_pretrained(backbone, num_labels=1, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    torch.nn.init.zeros_(model.score.weight)  # start at r = 0 for every text: no prior preference
+
+    def encode(p: PreferencePair) -> tuple[list[int], list[int]]:
+        return encode_episode(tokenizer, p.prompt, p.chosen), encode_episode(tokenizer, p.prompt, p.rejected)
+
+    train = list(pairs)
+    if val_pairs is None:
+        rng.shuffle(train)
+        n_val = max(1, int(len(train) * val_fraction))
+        val_pairs, train = train[:n_val], train[n_val:]
+    train_data, val_data = [encode(p) for p in train], [encode(p) for p in val_pairs]
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    steps = epochs * math.ceil(len(train_data) / batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / steps))
+    best = (math.inf, 0.0, None)
+    history, bad_epochs = [], 0
+    for epoch in range(epochs):
+        model.train()
+        rng.shuffle(train_data)
+        bar = tqdm(range(0, len(train_data), batch_size), desc=f"rm epoch {epoch + 1}", disable=not progress)
+        for start in bar:
+            chunk = train_data[start : start + batch_size]
+            ids, mask = _batch([c for c, _ in chunk] + [r for _, r in chunk], tokenizer.pad_token_id)
+            r = _rewards(model, ids, mask)  # (2b,): chosen then rejected
+            loss = -F.logsigmoid(r[: len(chunk)] - r[len(chunk) :]).mean()
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optim.step()
+            sched.step()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+        val_loss, val_acc = _evaluate(model, val_data, tokenizer.pad_token_id, 2 * batch_size)
+        history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_accuracy": val_acc})
+        if progress:
+            print(f"rm epoch {epoch + 1}: held-out loss {val_loss:.4f}, accuracy {val_acc:.4f}")
+        if val_loss < best[0]:
+            best, bad_epochs = (val_loss, val_acc, {k: v.clone() for k, v in model.state_dict().items()}), 0
+        else:
+            bad_epochs += 1
+            if bad_epochs >= patience:
+                break
+    model.load_state_dict(best[2])
+    model.to(save_dtype)
+    save_folder_atomically(out, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
+    return RMTrainResult(best[1], best[0], len(train_data), len(val_data), len(history), history)
