@@ -1,0 +1,1 @@
+"""Agents that train on TextRLHF-v0 (installed as ``textgym.agents``)."""

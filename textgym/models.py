@@ -35,6 +35,7 @@ __all__ = [
     "response_logprobs",
 ]
 
+
 def quiet_transformers() -> None:
     """No per-load progress bars or load reports: the env is built often, in tests and loops."""
     from transformers.utils import logging
@@ -155,6 +156,12 @@ class CachedDecoder:
         self.mask = torch.zeros(num_slots, 0, dtype=torch.long, device=self.device)  # (N, C)
         self.next_pos = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # (N,)
 
+    def reset(self) -> None:
+        """Forget every slot."""
+        self.cache = None
+        self.mask = torch.zeros(self.num_slots, 0, dtype=torch.long, device=self.device)
+        self.next_pos.zero_()
+
     @torch.no_grad()
     def prefill(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Start ``slots`` on left-padded prompts; return their next-token logits ``(k, V)``."""
@@ -201,7 +208,7 @@ class CachedDecoder:
     def _merge(self, slots: Tensor, new_cache, new_mask: Tensor) -> None:
         """Write ``new_cache`` (k rows, P columns) into rows ``slots``, right-aligned."""
         k, p = new_mask.shape
-        if self.cache is None:
+        if self.cache is None or k == self.num_slots:  # all slots restart: a fresh cache
             self.cache = new_cache
             if k != self.num_slots or not torch.equal(slots, torch.arange(k, device=slots.device)):
                 for layer in self._layers():

@@ -68,6 +68,11 @@ class LMPolicy:
             **kwargs,
         )
 
+    def reset(self) -> None:
+        """Forget every slot's cache (the next observations start new episodes)."""
+        self.decoder.reset()
+        self.fed[:] = -1
+
     @torch.no_grad()
     def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
         """Next-token logits ``(N, V)`` for the observations ``(N, L)`` (or ``(L,)``)."""

@@ -310,8 +310,8 @@ def main() -> None:
     cfg = BuildConfig.quick() if args.quick else BuildConfig()
     from transformers import AutoModelForCausalLM
 
-    from textgym.rewards.builtin import HFRewardModel
     from textgym.rewards.base import Episodes
+    from textgym.rewards.builtin import HFRewardModel
 
     t0 = time.time()
     report: dict = {"config": asdict(cfg)}

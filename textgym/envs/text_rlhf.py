@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,35 +33,79 @@ __all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "load_prompts"]
 
 
 def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]:
-    """A list of prompt strings, or a ``.txt`` (one per line) / ``.jsonl`` (``{"prompt": ...}``) path."""
+    """Resolve the ``prompts=`` argument to a non-empty list of prompt strings.
+
+    Args:
+        prompts: a list of str, a ``.txt`` path (one prompt per non-blank line), a ``.jsonl``
+            path (one ``{"prompt": str}`` object per non-blank line) or ``None`` (the embedded
+            train prompts).
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ValueError: a wrong suffix, a bad ``.jsonl`` line (its number is named) or no prompts.
+        TypeError: ``prompts`` is not a list of str.
+    """
     if prompts is None:
         prompts = DEFAULT_PROMPTS
+    source = "prompts"
     if isinstance(prompts, (str, os.PathLike)):
         path = Path(prompts)
+        source = f"prompts={str(path)!r}"
         if not path.exists():
-            raise FileNotFoundError(f"prompts={str(prompts)!r} does not exist; give a list of str or a .txt/.jsonl path")
+            raise FileNotFoundError(f"{source} does not exist; give a list of str or a .txt/.jsonl path")
         if path.suffix == ".jsonl":
-            import json
-
-            out = []
-            for n, line in enumerate(path.read_text().splitlines(), start=1):
-                if line.strip():
-                    try:
-                        out.append(json.loads(line)["prompt"])
-                    except (ValueError, KeyError, TypeError) as err:
-                        raise ValueError(f"prompts={str(path)!r}: line {n} is not a JSON object with a 'prompt'") from err
-            prompts = out
+            prompts = _read_jsonl_prompts(path)
         elif path.suffix == ".txt":
             prompts = [line for line in path.read_text().splitlines() if line.strip()]
         else:
-            raise ValueError(f"prompts={str(path)!r} must end in .txt or .jsonl")
-    prompts = list(prompts)
+            raise ValueError(f"{source} must end in .txt or .jsonl")
+    try:
+        prompts = list(prompts)
+    except TypeError as err:
+        raise TypeError(f"prompts={prompts!r} must be a list of str or a .txt/.jsonl path") from err
     if not prompts:
-        raise ValueError("prompts is empty; give at least one prompt")
+        raise ValueError(f"{source} holds no prompts; give at least one prompt")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
-            raise TypeError(f"prompts[{i}]={p!r} is not a str")
+            raise TypeError(f"prompts[{i}]={p!r} is not a str; every prompt must be a str")
     return prompts
+
+
+def _read_jsonl_prompts(path: Path) -> list[str]:
+    """The ``"prompt"`` of every non-blank line of a ``.jsonl`` file; a bad line raises naming its number."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as err:
+            raise ValueError(
+                f"prompts={str(path)!r}: line {n} is not valid JSON ({err}); each line must be "
+                "a JSON object with a str 'prompt'"
+            ) from err
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(
+                f"prompts={str(path)!r}: line {n} is {line.strip()[:80]!r}; each line must be a JSON object "
+                "with a str 'prompt'"
+            )
+        out.append(row["prompt"])
+    return out
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int >= ``minimum``, or one ValueError naming it (bools are refused)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
+    return int(value)
+
+
+def _check_nonnegative(name: str, value: Any) -> float:
+    """``value`` as a finite float >= 0, or one ValueError naming it (bools and strings are refused)."""
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not real or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a finite float >= 0")
+    return float(value)
 
 
 class _Engine:
@@ -91,10 +136,10 @@ class _Engine:
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
     ):
-        if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an int >= 1")
-        if not np.isfinite(missing_eos_penalty) or missing_eos_penalty < 0:
-            raise ValueError(f"missing_eos_penalty={missing_eos_penalty!r} must be a finite float >= 0")
+        max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+        missing_eos_penalty = _check_nonnegative("missing_eos_penalty", missing_eos_penalty)
+        if max_prompt_tokens is not None:
+            max_prompt_tokens = _check_int("max_prompt_tokens", max_prompt_tokens, 1)
         self.device = resolve_device(device)
         self.kl_coef = kl_coef
         self.model = load_causal_lm(model, self.device, dtype, name="model")
@@ -106,11 +151,8 @@ class _Engine:
         self.prompts = load_prompts(prompts)
         encoded = [self.encode_prompt(p) for p in self.prompts]
         longest = max(len(e) for e in encoded)
-        if max_prompt_tokens is None:
-            max_prompt_tokens = longest
-        if not isinstance(max_prompt_tokens, (int, np.integer)) or max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens={max_prompt_tokens!r} must be an int >= 1")
-        self.max_prompt_tokens, self.max_new_tokens = int(max_prompt_tokens), int(max_new_tokens)
+        self.max_prompt_tokens = longest if max_prompt_tokens is None else max_prompt_tokens
+        self.max_new_tokens = max_new_tokens
         if longest > self.max_prompt_tokens:
             i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
             raise ValueError(
@@ -127,7 +169,7 @@ class _Engine:
                 "run `textgym rm-calibrate` on it or pass normalize_reward=False"
             )
         self.norm = norm if normalize_reward or (normalize_reward is None and norm is not None) else None
-        self.missing_eos_penalty = float(missing_eos_penalty)
+        self.missing_eos_penalty = missing_eos_penalty
 
         n, L = num_slots, self.seq_len
         self.decoder = CachedDecoder(self.model, n, L)
@@ -150,33 +192,47 @@ class _Engine:
 
     @kl_coef.setter
     def kl_coef(self, value: float) -> None:
-        if not isinstance(value, (int, float, np.floating)) or not np.isfinite(value) or value < 0:
-            raise ValueError(f"kl_coef={value!r} must be a finite float >= 0")
-        self._kl_coef = float(value)
+        self._kl_coef = _check_nonnegative("kl_coef", value)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         """Token ids fed to π_ref: the tokenizer's encoding; BOS alone for an empty prompt."""
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt={prompt!r} is not a str")
+            raise TypeError(f"prompt={prompt!r} is not a str; give a str (the empty prompt starts from BOS)")
         ids = self.tokenizer(prompt)["input_ids"] if prompt else []
         return ids if ids else [self.bos_id]
 
     def observation(self, slots) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids[slots].copy(), "attention_mask": self.attention_mask[slots].copy()}
 
-    def start(self, slots: list[int], prompts: list[str]) -> None:
-        """Begin episodes on ``slots``: write the prompts and prefill π_ref's cache with them."""
+    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of ``prompts``, each checked to fit in ``max_prompt_tokens`` (never truncated).
+
+        Raises:
+            TypeError: a prompt is not a str.
+            ValueError: a prompt is longer than ``max_prompt_tokens``.
+        """
         encoded = [self.encode_prompt(p) for p in prompts]
-        for p, ids in zip(prompts, encoded):
+        for p, ids in zip(prompts, encoded, strict=True):
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
-                    f"prompt={p!r} is {len(ids)} tokens, more than max_prompt_tokens={self.max_prompt_tokens}"
+                    f"prompt={p!r} is {len(ids)} tokens, more than max_prompt_tokens={self.max_prompt_tokens}; "
+                    "prompts are never truncated: give a shorter one or build the env with a larger max_prompt_tokens"
                 )
+        return encoded
+
+    def start(self, slots: list[int], prompts: list[str], encoded: list[list[int]] | None = None) -> None:
+        """Begin episodes on ``slots``: write the prompts and prefill π_ref's cache with them.
+
+        ``encoded`` is ``encode_prompts(prompts)`` when the caller has already checked them.
+        Every check runs before any state changes: a refused start leaves the slots as they were.
+        """
+        if encoded is None:
+            encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
         width = max(len(e) for e in encoded)
         ids = np.full((len(slots), width), self.eos_id, dtype=np.int64)  # filler under mask 0
         mask = np.zeros((len(slots), width), dtype=np.int64)
-        for row, (slot, e) in enumerate(zip(slots, encoded)):
+        for row, (slot, e) in enumerate(zip(slots, encoded, strict=True)):
             self.input_ids[slot] = self.pad_id
             self.attention_mask[slot] = 0
             self.input_ids[slot, P - len(e) : P] = e
@@ -221,9 +277,18 @@ class _Engine:
         terminated[idx] = actions[idx] == self.eos_id
         truncated[idx] = ~terminated[idx] & (self.length[idx] >= self.max_new_tokens)
         ended = terminated | truncated
+        done_before = self.done.copy()
         self.done |= ended
         reward = self.kl_coef * ref_lp
-        final = self._finish(np.flatnonzero(ended), truncated, reward) if ended.any() else {}
+        try:
+            final = self._finish(np.flatnonzero(ended), truncated, reward) if ended.any() else {}
+        except Exception:
+            # A failing scorer leaves no half-applied step: undo the token so the step can be retried.
+            self.length[idx] -= 1
+            self.input_ids[idx, col] = self.pad_id
+            self.attention_mask[idx, col] = 0
+            self.done = done_before
+            raise
         if (live & ~ended).any():
             feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
             logits = self.decoder.step(feed)
@@ -245,7 +310,10 @@ class _Engine:
             response_ids=[self.response_ids(s) for s in slots],
         )
         rm = score_checked(self.reward_model, episodes)
-        gold = score_checked(self.gold_scorer, episodes) if self.gold_scorer is not None else np.full(len(slots), np.nan)
+        if self.gold_scorer is not None:
+            gold = score_checked(self.gold_scorer, episodes)
+        else:
+            gold = np.full(len(slots), np.nan)
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
         final = {}
         for k, s in enumerate(slots):
@@ -332,12 +400,16 @@ class TextRLHFEnv(gym.Env):
 
     Starting State:
         A prompt drawn uniformly from ``prompts`` with ``self.np_random``, or
-        ``reset(options={"prompt": text})``; the empty prompt starts from BOS.
+        ``reset(options={"prompt": text})``; the empty prompt starts from BOS. A prompt longer
+        than ``max_prompt_tokens`` is refused with a ``ValueError`` before anything changes:
+        the running episode, if any, steps on and the RNG is not re-seeded.
 
     Episode End:
         Terminated when the action is EOS; truncated after ``max_new_tokens`` tokens. The last
         step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``,
-        ``gold_score``, ``prompt``, ``response`` and ``response_length``.
+        ``gold_score``, ``prompt``, ``response`` and ``response_length``. A reward model that
+        raises or returns anything but one finite float per episode raises
+        :class:`textgym.rewards.RewardModelError` and the step is undone, so it can be retried.
 """
         + _DOC_ARGS
         + """
@@ -387,17 +459,18 @@ class TextRLHFEnv(gym.Env):
     max_new_tokens = property(lambda self: self._engine.max_new_tokens)
     eos_token_id = property(lambda self: self._engine.eos_id)
     pad_token_id = property(lambda self: self._engine.pad_id)
-    kl_coef = property(
-        lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β"
-    )
+    kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed)
         options = options or {}
         prompt = options.get("prompt")
+        # Check a given prompt before seeding: a refused reset changes nothing, the running
+        # episode (if any) steps on and the RNG keeps its state.
+        encoded = self._engine.encode_prompts([prompt]) if prompt is not None else None
+        super().reset(seed=seed)
         if prompt is None:
             prompt = self._engine.prompts[int(self.np_random.integers(len(self._engine.prompts)))]
-        self._engine.start([0], [prompt])
+        self._engine.start([0], [prompt], encoded)
         return self._engine.observation(0), {"prompt": prompt}
 
     def step(self, action):
@@ -457,8 +530,7 @@ class TextRLHFVectorEnv(VectorEnv):
         render_mode: str | None = None,
         **kwargs: Any,
     ):
-        if not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
-            raise ValueError(f"num_envs={num_envs!r} must be an int >= 1")
+        _check_int("num_envs", num_envs, 1)
         mode = _AUTORESET.get(autoreset_mode.lower() if isinstance(autoreset_mode, str) else autoreset_mode)
         if mode is None:
             raise ValueError(f"autoreset_mode={autoreset_mode!r} is not one of {sorted(_AUTORESET, key=str)}")
@@ -481,6 +553,16 @@ class TextRLHFVectorEnv(VectorEnv):
         self._slot_rngs = [seeding.np_random()[0] for _ in range(self.num_envs)]
         self._autoreset = np.zeros(self.num_envs, dtype=bool)
 
+    def rng_state(self) -> list[dict]:
+        """The per-slot prompt RNG states (for exact resumption of a training run)."""
+        return [rng.bit_generator.state for rng in self._slot_rngs]
+
+    def set_rng_state(self, state: list[dict]) -> None:
+        if len(state) != self.num_envs:
+            raise ValueError(f"state has {len(state)} slot RNG states for num_envs={self.num_envs}")
+        for rng, st in zip(self._slot_rngs, state, strict=True):
+            rng.bit_generator.state = st
+
     @property
     def autoreset_mode(self) -> AutoresetMode:
         """The autoreset mode (also in ``metadata``; TorchRL's GymWrapper reads this attribute)."""
@@ -497,17 +579,29 @@ class TextRLHFVectorEnv(VectorEnv):
     pad_token_id = TextRLHFEnv.pad_token_id
     kl_coef = TextRLHFEnv.kl_coef
 
-    def _start(self, slots: np.ndarray, prompts: str | Sequence[str] | None) -> None:
-        if prompts is None:
-            e = self._engine
-            chosen = [e.prompts[int(self._slot_rngs[s].integers(len(e.prompts)))] for s in slots]
-        elif isinstance(prompts, str):
-            chosen = [prompts] * len(slots)
-        else:
-            chosen = list(prompts)
-            if len(chosen) != len(slots):
-                raise ValueError(f"options['prompt'] has {len(chosen)} prompts for {len(slots)} slots being reset")
-        self._engine.start(slots.tolist(), chosen)
+    def _start(self, slots: np.ndarray) -> None:
+        """Start ``slots`` on prompts drawn with their own RNGs."""
+        e = self._engine
+        e.start(slots.tolist(), [e.prompts[int(self._slot_rngs[s].integers(len(e.prompts)))] for s in slots])
+
+    def _given_prompts(self, prompts: Any, n: int) -> list[str]:
+        """``options["prompt"]`` as one prompt per slot being reset, or one clear error."""
+        if isinstance(prompts, str):
+            return [prompts] * n
+        if not isinstance(prompts, (list, tuple, np.ndarray)) or len(prompts) != n:
+            raise ValueError(
+                f"options['prompt']={prompts!r} must be a str or a list of {n} str, one per slot being reset"
+            )
+        return list(prompts)
+
+    def _seeds(self, seed: Any) -> list[int | None]:
+        """``seed`` as one seed (or None) per slot: an int s seeds slot i with s + i."""
+        if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
+            return [int(seed) + i for i in range(self.num_envs)]
+        ok = isinstance(seed, (list, tuple, np.ndarray)) and len(seed) == self.num_envs
+        if not ok or not all(s is None or isinstance(s, (int, np.integer)) for s in seed):
+            raise ValueError(f"seed={seed!r} must be an int, None or a list of {self.num_envs} int/None")
+        return list(seed)
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
         options = options or {}
@@ -517,17 +611,22 @@ class TextRLHFVectorEnv(VectorEnv):
         mask = np.asarray(mask)
         if mask.shape != (self.num_envs,) or mask.dtype != np.bool_:
             raise ValueError(f"options['reset_mask'] must be a bool array of shape ({self.num_envs},), got {mask!r}")
-        if seed is not None:
-            seeds = [seed + i for i in range(self.num_envs)] if isinstance(seed, (int, np.integer)) else list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"seed has {len(seeds)} entries for num_envs={self.num_envs}")
+        slots = np.flatnonzero(mask)
+        # Every check before any change: a refused reset leaves the slots and their RNGs as they were.
+        seeds = self._seeds(seed) if seed is not None else None
+        given, encoded = None, None
+        if options.get("prompt") is not None and slots.size:
+            given = self._given_prompts(options["prompt"], len(slots))
+            encoded = self._engine.encode_prompts(given)
+        if seeds is not None:
             super().reset(seed=seeds[0])
-            for i in np.flatnonzero(mask):
+            for i in slots:
                 if seeds[i] is not None:
                     self._slot_rngs[i] = seeding.np_random(int(seeds[i]))[0]
-        slots = np.flatnonzero(mask)
-        if slots.size:
-            self._start(slots, options.get("prompt"))
+        if given is not None:
+            self._engine.start(slots.tolist(), given, encoded)
+        elif slots.size:
+            self._start(slots)
         self._autoreset[slots] = False
         info: dict[str, Any] = {}
         for s in slots:
@@ -558,10 +657,12 @@ class TextRLHFVectorEnv(VectorEnv):
             )
         live = ~e.done & ~resetting
         out = e.advance(actions.astype(np.int64), live)
-        slot_info = {int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"].get(int(s), {})} for s in np.flatnonzero(live)}
+        slot_info = {
+            int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"].get(int(s), {})} for s in np.flatnonzero(live)
+        }
         ended = out["terminated"] | out["truncated"]
         if resetting.any():
-            self._start(np.flatnonzero(resetting), None)
+            self._start(np.flatnonzero(resetting))
         info: dict[str, Any] = {}
         if mode == AutoresetMode.SAME_STEP and ended.any():
             # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
@@ -570,7 +671,7 @@ class TextRLHFVectorEnv(VectorEnv):
             for row, s in enumerate(slots):
                 obs_s = {k: v[row] for k, v in final_obs.items()}
                 info = self._add_info(info, {"final_obs": obs_s, "final_info": slot_info[int(s)]}, int(s))
-            self._start(slots, None)
+            self._start(slots)
             for s in slots:
                 slot_info[int(s)] = {"prompt": e.prompt_text[s]}
         for s, si in slot_info.items():

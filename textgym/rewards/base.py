@@ -79,11 +79,17 @@ def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
     if isinstance(raw, torch.Tensor):
         raw = raw.detach().float().cpu().numpy()
     try:
-        scores = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError) as err:
+        scores = np.asarray(raw)
+    except (TypeError, ValueError):  # ragged nesting
+        scores = np.asarray(None)
+    # Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word.
+    if scores.dtype.kind not in "biuf":
+        shown = repr(raw) if len(repr(raw)) <= 80 else repr(raw)[:77] + "..."
         raise RewardModelError(
-            f"reward model {name!r} returned {type(raw).__name__}, which is not a sequence of floats"
-        ) from err
+            f"reward model {name!r} returned {type(raw).__name__} {shown}, which is not one float per episode; "
+            f"expected a sequence, array or tensor of {len(episodes)} real numbers"
+        )
+    scores = scores.astype(np.float64)
     if scores.ndim == 2 and scores.shape[1] == 1:
         scores = scores[:, 0]
     if scores.shape != (len(episodes),):

@@ -50,7 +50,9 @@ class HFRewardModel:
             self.model = AutoModelForSequenceClassification.from_pretrained(src, dtype=resolve_dtype(dtype))
             self.tokenizer = AutoTokenizer.from_pretrained(src)
         except OSError as err:
-            raise FileNotFoundError(f"reward_model={src!r} could not be loaded as a sequence classifier: {err}") from err
+            raise FileNotFoundError(
+                f"reward_model={src!r} could not be loaded as a sequence classifier: {err}"
+            ) from err
         self.model.to(resolve_device(device)).eval().requires_grad_(False)
         self.source = src
         self.name = Path(src).name if Path(src).exists() else src

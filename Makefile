@@ -1,0 +1,44 @@
+# `make demo` and `make test` each set up .venv on a fresh machine, then run.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test demo lint bench assets clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# torch first, pinned: an unpinned torch (asked for by torchrl etc.) would pull a multi-GB CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/textgym train --config demo
+	$(BIN)/textgym eval --model runs/demo/policy --out runs/demo/eval.json
+	$(BIN)/python -m textgym.agents.ppo.plot runs/demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check textgym agents tests bench examples
+	$(BIN)/ruff format --check textgym agents tests bench examples
+
+bench: $(STAMP)
+	$(BIN)/python bench/env_throughput.py
+	$(BIN)/python bench/ppo_iteration.py
+
+# Rebuild tokenizer, LM and RM from the committed corpus (about 25 min on 2 cores).
+assets: $(STAMP)
+	$(BIN)/python -m textgym.assets.build
+
+clean:
+	rm -rf runs .pytest_cache

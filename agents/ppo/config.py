@@ -1,0 +1,174 @@
+"""The one typed config of the PPO agent; every field is a ``textgym train`` flag."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+__all__ = ["PPOConfig", "PRESETS", "add_config_args", "config_from_args"]
+
+
+@dataclass
+class PPOConfig:
+    """PPO for RLHF on TextRLHF-v0; defaults after TRL and "The N+ Implementation Details of
+    RLHF with PPO" (Huang et al., 2024).
+
+    Attributes:
+        total_episodes: episodes (prompt + response) to train on.
+        num_envs: env slots = episodes per rollout (the PPO batch).
+        seed: seeds the env, the sampling and the model initialisation.
+        device: ``auto``, ``cpu`` or ``cuda`` (bf16 autocast on CUDA).
+        out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
+        resume: continue from ``out/checkpoint`` if it exists.
+        model: π_ref and the policy's initialisation (HF folder or id; default embedded LM).
+        reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
+        prompts: train prompts (list file or default set).
+        max_new_tokens: response length cap of the env.
+        missing_eos_penalty: env penalty for truncated responses.
+        kl_coef: initial β.
+        target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed.
+        kl_horizon: horizon (in episodes) of the adaptive controller (Ziegler et al., 2019).
+        kl_estimator: ``k1`` (default) or ``k3`` per-token KL in the reward.
+        temperature: sampling temperature of the rollout (and of the update's log-probs).
+        learning_rate, critic_learning_rate: AdamW step sizes of policy and critic.
+        ppo_epochs: passes over each rollout.
+        num_minibatches: minibatches per pass.
+        clip_epsilon: ε of the clipped surrogate.
+        clip_value: ε of the clipped value loss (None: unclipped).
+        critic_coef: weight of the value loss.
+        gamma, lmbda: GAE discount and λ.
+        whiten_rewards: whiten the per-token rewards before GAE.
+        max_grad_norm: gradient-norm clip for each model.
+        checkpoint_every: iterations between checkpoints (the last one is always saved).
+        progress: show a progress bar.
+    """
+
+    total_episodes: int = 4096
+    num_envs: int = 64
+    seed: int = 0
+    device: str = "auto"
+    out: str = "runs/ppo"
+    resume: bool = False
+    model: str | None = None
+    reward_model: str | None = None
+    prompts: str | None = None
+    max_new_tokens: int = 32
+    missing_eos_penalty: float = 0.0
+    kl_coef: float = 0.05
+    target_kl: float | None = 6.0
+    kl_horizon: int = 10000
+    kl_estimator: str = "k1"
+    temperature: float = 1.0
+    learning_rate: float = 1e-4
+    critic_learning_rate: float = 3e-4
+    ppo_epochs: int = 4
+    num_minibatches: int = 4
+    clip_epsilon: float = 0.2
+    clip_value: float | None = 0.2
+    critic_coef: float = 0.1
+    gamma: float = 1.0
+    lmbda: float = 0.95
+    whiten_rewards: bool = False
+    max_grad_norm: float = 1.0
+    checkpoint_every: int = 10
+    progress: bool = True
+    num_iterations: int = field(init=False)
+    minibatch_size: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        positive_ints = ("total_episodes", "num_envs", "max_new_tokens", "ppo_epochs", "num_minibatches",
+                         "checkpoint_every", "kl_horizon")  # fmt: skip
+        for name in positive_ints:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an int >= 1")
+        positive_floats = ("learning_rate", "critic_learning_rate", "clip_epsilon", "max_grad_norm", "temperature")
+        for name in positive_floats:
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a finite float > 0")
+        for name in ("kl_coef", "critic_coef", "missing_eos_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a finite float >= 0")
+        for name in ("gamma", "lmbda"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
+        if self.target_kl is not None and not (math.isfinite(self.target_kl) and self.target_kl > 0):
+            raise ValueError(f"target_kl={self.target_kl!r} must be a float > 0 or None (fixed kl_coef)")
+        if self.clip_value is not None and not self.clip_value > 0:
+            raise ValueError(f"clip_value={self.clip_value!r} must be > 0 or None")
+        if self.kl_estimator not in ("k1", "k3"):
+            raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of 'k1', 'k3'")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device={self.device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+        if self.num_envs % self.num_minibatches:
+            raise ValueError(f"num_envs={self.num_envs} must be divisible by num_minibatches={self.num_minibatches}")
+        self.num_iterations = math.ceil(self.total_episodes / self.num_envs)
+        self.minibatch_size = self.num_envs // self.num_minibatches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+    def env_kwargs(self) -> dict[str, Any]:
+        """The ``gym.make`` arguments this config sets."""
+        kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
+                  "missing_eos_penalty": self.missing_eos_penalty}  # fmt: skip
+        for name in ("model", "reward_model", "prompts"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        return kwargs
+
+
+# `make demo`: a run that finishes in under 10 minutes on 2 CPU cores and visibly learns.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "demo": {"total_episodes": 3072, "num_envs": 64, "max_new_tokens": 24, "out": "runs/demo",
+             "learning_rate": 3e-4, "critic_learning_rate": 1e-3, "kl_coef": 0.05, "target_kl": 8.0,
+             "checkpoint_every": 8},
+    "tiny": {"total_episodes": 16, "num_envs": 8, "max_new_tokens": 6, "num_minibatches": 2, "ppo_epochs": 1,
+             "out": "runs/tiny", "progress": False},
+}  # fmt: skip
+
+
+def _parse_optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else kind(text)
+
+    return parse
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per field (``--total-episodes``; ``none`` for an optional one), plus ``--config PRESET``."""
+    parser.add_argument("--config", choices=sorted(PRESETS), default="default", help="preset the flags start from")
+    doc = PPOConfig.__doc__ or ""
+    for f in fields(PPOConfig):
+        if not f.init:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = next((line.split(":", 1)[1].strip() for line in doc.splitlines()
+                          if line.strip().startswith(f.name + ":")), "")  # fmt: skip
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        if kind == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
+        else:
+            base = {"int": int, "float": float, "str": str}[kind.split(" |")[0]]
+            parse = _parse_optional(base) if "None" in kind else base
+            parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace) -> PPOConfig:
+    """Preset values overridden by every flag given on the command line."""
+    values = dict(PRESETS[args.config])
+    for f in fields(PPOConfig):
+        if f.init and hasattr(args, f.name):  # flags not given are absent (SUPPRESS)
+            values[f.name] = getattr(args, f.name)
+    return PPOConfig(**values)
+
+
+def replace(cfg: PPOConfig, **changes: Any) -> PPOConfig:
+    """A copy of ``cfg`` with ``changes`` (derived fields recomputed)."""
+    return dataclasses.replace(cfg, **changes)

@@ -1,0 +1,149 @@
+"""Model builders of the PPO agent: actor, critic, and the TorchRL modules and loss around them.
+
+The four models of the seed: π_ref and r_φ live in the environment (frozen); the agent owns
+the actor (policy, initialised from π_ref) and the critic (value model, initialised from the
+reward model's backbone with a fresh per-token scalar head, zero-initialised, as in the N+
+implementation details).
+
+Data layout of the update: a TensorDict of batch size ``(B, T)``, one row per episode and one
+column per response token. ``sequence``/``sequence_mask`` hold the finished episode in the
+env's observation layout (``(B, T, L)``, expanded — not copied — along T), so the actor and the
+critic run ONE forward per sequence and return all T per-token outputs at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.modules import ProbabilisticActor, ValueOperator
+from torchrl.objectives import ClipPPOLoss
+
+from textgym.functional import position_ids_from_mask
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LMHead", "ValueHead", "make_actor", "make_critic", "make_loss"]
+
+
+def _first_step(seq: torch.Tensor) -> torch.Tensor:
+    """(B, T, L) expanded along T → (B, L); already (B, L) passes through."""
+    return seq[:, 0] if seq.dim() == 3 else seq
+
+
+class LMHead(nn.Module):
+    """Policy logits of every response token from one teacher-forced forward.
+
+    Returns ``(B, T, V)`` logits (divided by the sampling temperature): the logit at column
+    ``P − 1 + t`` is the distribution of response token t (the off-by-one between logits and
+    tokens).
+    """
+
+    def __init__(self, model: nn.Module, prompt_len: int, temperature: float = 1.0):
+        super().__init__()
+        self.model = model
+        self.prompt_len = prompt_len
+        self.temperature = temperature
+
+    def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor) -> torch.Tensor:
+        ids, mask = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+        return out.logits[:, self.prompt_len - 1 : -1].float() / self.temperature  # (B, T, V)
+
+
+class ValueHead(nn.Module):
+    """V(s_t) for every response position from one forward of a token-classification model."""
+
+    def __init__(self, model: nn.Module, prompt_len: int):
+        super().__init__()
+        self.model = model
+        self.prompt_len = prompt_len
+
+    def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor) -> torch.Tensor:
+        ids, mask = _first_step(sequence), _first_step(sequence_mask)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+        # state s_t ends at column P - 1 + t, like the logits of token t
+        return out.logits[:, self.prompt_len - 1 : -1].float()  # (B, T, 1)
+
+
+def make_actor(ref_model: nn.Module) -> nn.Module:
+    """The trainable policy: a copy of π_ref (dropout stays off: eval mode)."""
+    policy = copy.deepcopy(ref_model)
+    policy.requires_grad_(True)
+    policy.eval()
+    return policy
+
+
+def make_critic(reward_model, policy: nn.Module) -> nn.Module:
+    """A per-token value model: ``AutoModelForTokenClassification`` with ``num_labels=1``.
+
+    Its body is copied from the reward model's backbone when the reward model is a
+    transformer over the policy's tokenizer, else from the policy's own body (with a warning:
+    a plug-in or Python reward model has no backbone to share). The head is zero-initialised,
+    so every initial value is 0.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    source = None
+    if getattr(reward_model, "shares_tokenizer", False) and hasattr(reward_model, "backbone"):
+        source = reward_model.backbone
+    else:
+        log.warning(
+            "reward model %r is not a transformer sharing the policy tokenizer: "
+            "the critic starts from a copy of the policy backbone",
+            getattr(reward_model, "name", reward_model),
+        )
+        source = policy.base_model
+    config = copy.deepcopy(source.config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    critic = AutoModelForTokenClassification.from_config(config)
+    missing, unexpected = critic.base_model.load_state_dict(source.state_dict(), strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"critic backbone does not match its source: missing={missing}, unexpected={unexpected}")
+    head = critic.score if hasattr(critic, "score") else critic.classifier
+    nn.init.zeros_(head.weight)
+    if head.bias is not None:
+        nn.init.zeros_(head.bias)
+    critic.to(next(policy.parameters()).device, dtype=next(policy.parameters()).dtype)
+    critic.eval()
+    return critic
+
+
+def make_loss(
+    policy: nn.Module,
+    critic: nn.Module,
+    prompt_len: int,
+    temperature: float,
+    clip_epsilon: float,
+    clip_value: float | None,
+    critic_coef: float,
+) -> ClipPPOLoss:
+    """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding."""
+    from torch.distributions import Categorical
+
+    actor = ProbabilisticActor(
+        TensorDictModule(LMHead(policy, prompt_len, temperature), ["sequence", "sequence_mask"], ["logits"]),
+        in_keys=["logits"],
+        distribution_class=Categorical,
+        return_log_prob=True,
+    )
+    value = ValueOperator(ValueHead(critic, prompt_len), in_keys=["sequence", "sequence_mask"])
+    loss = ClipPPOLoss(
+        actor,
+        value,
+        clip_epsilon=clip_epsilon,
+        entropy_bonus=True,
+        entropy_coeff=0.0,  # the KL penalty is in the reward; entropy is only reported
+        critic_coeff=critic_coef,
+        loss_critic_type="l2",
+        clip_value=clip_value,
+        normalize_advantage=False,  # whitened over valid tokens before the loss (masked_whiten)
+        functional=False,
+    )
+    loss.set_keys(sample_log_prob="sample_log_prob", action="action", value="state_value")
+    loss.loss_mask_key = "mask"
+    return loss

@@ -1,0 +1,481 @@
+"""Bad input gets one clear error naming the argument, the value and what is allowed — never a silent wrong answer."""
+
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.error import ResetNeeded
+
+from textgym.rewards import RewardModelError
+
+LONG_PROMPT = "The movie was " * 40
+
+
+@pytest.fixture(scope="module")
+def single():
+    e = gym.make("TextRLHF-v0", max_new_tokens=3)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def vec():
+    e = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
+    yield e
+    e.close()
+
+
+def make_with_rm(fn):
+    return gym.make("TextRLHF-v0", reward_model=fn, normalize_reward=False, max_new_tokens=3)
+
+
+def finish_episode(env):
+    """Reset and end at once with EOS: the reward model is called on the first step."""
+    env.reset(seed=0)
+    return env.step(env.unwrapped.eos_token_id)
+
+
+# ---------------------------------------------------------------- actions, single env
+@pytest.mark.parametrize("bad", [-1, "vocab_size"])
+def test_action_outside_the_space(single, bad):
+    single.reset(seed=0)
+    vocab = single.unwrapped.action_space.n
+    action = vocab if bad == "vocab_size" else bad
+    with pytest.raises(ValueError, match=rf"action={action} is outside the action space.*\[0, {vocab}\)"):
+        single.step(action)
+
+
+@pytest.mark.parametrize("bad", [1.5, "a", None, True, np.bool_(False), np.float64(3.0), np.array([3])])
+def test_action_of_the_wrong_type(single, bad):
+    single.reset(seed=0)
+    vocab = single.unwrapped.action_space.n
+    with pytest.raises(TypeError, match=rf"action=.* must be an integer token id in \[0, {vocab}\)"):
+        single.step(bad)
+
+
+def test_integer_like_actions_are_accepted(single):
+    single.reset(seed=0)
+    single.step(np.int64(5))
+    single.step(np.array(5))
+
+
+# ---------------------------------------------------------------- actions, vector env
+@pytest.mark.parametrize("bad", [np.array([1, 2, 3]), np.array([[1, 2]]), np.array(1), [1]])
+def test_vector_actions_of_the_wrong_shape(vec, bad):
+    vec.reset(seed=0)
+    with pytest.raises(ValueError, match=r"actions=.* must be an integer array of shape \(2,\)"):
+        vec.step(bad)
+
+
+@pytest.mark.parametrize("bad", ["neg", "vocab"])
+def test_vector_actions_outside_the_space(vec, bad):
+    vec.reset(seed=0)
+    vocab = vec.single_action_space.n
+    actions = np.array([1, -1 if bad == "neg" else vocab])
+    with pytest.raises(ValueError, match=rf"actions\[1\]={actions[1]} is outside the action space.*\[0, {vocab}\)"):
+        vec.step(actions)
+
+
+@pytest.mark.parametrize("bad", [np.array([1.0, 2.0]), np.array([True, False]), np.array(["1", "2"])])
+def test_vector_actions_of_the_wrong_dtype(vec, bad):
+    vec.reset(seed=0)
+    with pytest.raises(ValueError, match=r"actions=.* must be an integer array"):
+        vec.step(bad)
+
+
+def test_vector_step_before_reset():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
+    with pytest.raises(RuntimeError, match=r"step\(\) called before reset\(\)"):
+        envs.step(np.array([1, 2]))
+
+
+# ---------------------------------------------------------------- episode order
+def test_step_before_reset():
+    env = gym.make("TextRLHF-v0", max_new_tokens=3)
+    with pytest.raises(RuntimeError, match=r"step\(\) called before reset\(\)"):
+        env.unwrapped.step(1)
+    with pytest.raises(ResetNeeded, match=r"before calling env.reset\(\)"):  # Gymnasium's OrderEnforcing
+        env.step(1)
+
+
+def test_step_after_the_episode_ended(single):
+    eos = single.unwrapped.eos_token_id
+    single.reset(seed=0)
+    _, _, terminated, _, _ = single.step(eos)
+    assert terminated
+    with pytest.raises(RuntimeError, match=r"step\(\) called after the episode ended"):
+        single.unwrapped.step(1)
+    with pytest.raises(RuntimeError, match=r"step\(\) called after the episode ended"):  # the wrapped env too
+        single.step(1)
+    single.reset(seed=0)
+    single.step(1)  # a reset makes it usable again
+
+
+# ---------------------------------------------------------------- prompts
+def test_empty_prompt_is_allowed(single):
+    obs, info = single.reset(seed=0, options={"prompt": ""})
+    assert info["prompt"] == ""
+    P = single.unwrapped.max_prompt_tokens
+    assert obs["attention_mask"][:P].sum() == 1
+    _, reward, _, _, info = single.step(5)
+    assert np.isfinite(reward) and np.isfinite(info["ref_logprob"])
+
+
+def test_too_long_prompt_in_reset_is_refused(single):
+    limit = single.unwrapped.max_prompt_tokens
+    with pytest.raises(ValueError, match=rf"prompt='The movie was .* more than max_prompt_tokens={limit}"):
+        single.reset(options={"prompt": LONG_PROMPT})
+
+
+def test_too_long_prompt_in_vector_reset_is_refused(vec):
+    with pytest.raises(ValueError, match=r"prompt='The movie was .* more than max_prompt_tokens="):
+        vec.reset(options={"prompt": ["ok", LONG_PROMPT]})
+
+
+def test_too_long_prompt_in_the_prompt_list_is_refused():
+    with pytest.raises(ValueError, match=r"prompts\[1\]='The movie was .* more than max_prompt_tokens=5"):
+        gym.make("TextRLHF-v0", prompts=["short", LONG_PROMPT], max_prompt_tokens=5)
+
+
+def test_non_str_prompt_is_refused(single):
+    with pytest.raises(TypeError, match=r"prompt=3 .*str"):
+        single.reset(options={"prompt": 3})
+    with pytest.raises(TypeError, match=r"prompts\[1\]=3 .*str"):
+        gym.make("TextRLHF-v0", prompts=["ok", 3])
+
+
+def test_failed_reset_on_a_fresh_env_starts_no_episode():
+    env = gym.make("TextRLHF-v0", max_new_tokens=3)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        env.reset(options={"prompt": LONG_PROMPT})
+    with pytest.raises(RuntimeError, match=r"step\(\) called before reset\(\)"):
+        env.unwrapped.step(1)
+    # OrderEnforcing records the reset attempt, but the env itself still refuses
+    with pytest.raises(RuntimeError, match=r"step\(\) called before reset\(\)"):
+        env.step(1)
+
+
+def test_failed_reset_mid_episode_leaves_the_episode_untouched():
+    """Decision: a refused reset changes nothing; the running episode steps on as if it never happened."""
+    clean = gym.make("TextRLHF-v0", max_new_tokens=4)
+    hit = gym.make("TextRLHF-v0", max_new_tokens=4)
+    for env in (clean, hit):
+        env.reset(seed=0, options={"prompt": "The movie was"})
+        env.step(7)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        hit.reset(options={"prompt": LONG_PROMPT})
+    for a in (9, 11, 13):
+        expect, got = clean.step(a), hit.step(a)
+        for key in ("input_ids", "attention_mask"):
+            np.testing.assert_array_equal(expect[0][key], got[0][key])
+        assert got[1:4] == pytest.approx(expect[1:4])
+        assert got[4]["ref_logprob"] == pytest.approx(expect[4]["ref_logprob"])
+    assert got[3] and got[4]["prompt"] == "The movie was"
+
+
+def test_failed_vector_reset_leaves_all_slots_untouched():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
+    obs, _ = envs.reset(seed=0)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        envs.reset(options={"prompt": ["ok", LONG_PROMPT]})
+    after = envs.unwrapped._engine.observation(slice(None))
+    for key in obs:
+        np.testing.assert_array_equal(obs[key], after[key])
+    envs.step(np.array([1, 2]))
+
+
+# ---------------------------------------------------------------- paths
+@pytest.mark.parametrize("path", ["/nonexistent/dir", "./nope"])
+def test_model_path_that_does_not_exist(path):
+    with pytest.raises(FileNotFoundError, match=rf"model={re.escape(repr(path))} does not exist"):
+        gym.make("TextRLHF-v0", model=path)
+
+
+def test_tokenizer_path_that_does_not_exist():
+    with pytest.raises(FileNotFoundError, match=r"tokenizer='/nonexistent/tok' does not exist"):
+        gym.make("TextRLHF-v0", tokenizer="/nonexistent/tok")
+
+
+def test_prompts_path_that_does_not_exist(tmp_path):
+    path = tmp_path / "missing.txt"
+    with pytest.raises(FileNotFoundError, match=rf"prompts={re.escape(repr(str(path)))} does not exist"):
+        gym.make("TextRLHF-v0", prompts=path)
+
+
+def test_prompts_path_with_a_wrong_suffix(tmp_path):
+    path = tmp_path / "prompts.csv"
+    path.write_text("I liked\n")
+    with pytest.raises(ValueError, match=r"prompts='.*prompts\.csv' must end in \.txt or \.jsonl"):
+        gym.make("TextRLHF-v0", prompts=path)
+
+
+@pytest.mark.parametrize("bad_line", ["not json", '{"text": "no prompt key"}', "[1, 2]", '{"prompt": 5}'])
+def test_jsonl_prompt_file_with_a_bad_line(tmp_path, bad_line):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "I liked"}\n\n' + bad_line + "\n")
+    with pytest.raises(ValueError, match=r"prompts='.*prompts\.jsonl': line 3 .*'prompt'"):
+        gym.make("TextRLHF-v0", prompts=path)
+
+
+def test_empty_prompt_file(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n\n")
+    with pytest.raises(ValueError, match=r"prompts=.* holds no prompts"):
+        gym.make("TextRLHF-v0", prompts=path)
+
+
+# ---------------------------------------------------------------- reward-model output
+def rm_nan(prompts, responses):
+    return [float("nan")] * len(prompts)
+
+
+def rm_inf(prompts, responses):
+    return np.full(len(prompts), -np.inf)
+
+
+def rm_two_per_episode(prompts, responses):
+    return [1.0, 2.0] * len(prompts)
+
+
+def rm_2d(prompts, responses):
+    return np.ones((len(prompts), 2))
+
+
+def rm_wrong_batch(prompts, responses):
+    return [1.0] * (len(prompts) + 1)
+
+
+def rm_empty(prompts, responses):
+    return []
+
+
+def rm_raises(prompts, responses):
+    raise KeyError("boom")
+
+
+@pytest.mark.parametrize("fn", [rm_nan, rm_inf])
+def test_reward_model_returning_non_finite(fn):
+    env = make_with_rm(fn)
+    pattern = rf"reward model '{fn.__name__}' returned -?(nan|inf) for episode 0 .*finite"
+    with pytest.raises(RewardModelError, match=pattern):
+        finish_episode(env)
+
+
+@pytest.mark.parametrize("fn", [rm_two_per_episode, rm_2d, rm_wrong_batch, rm_empty])
+def test_reward_model_returning_the_wrong_shape(fn):
+    env = make_with_rm(fn)
+    pattern = rf"reward model '{fn.__name__}' returned shape .* for 1 episodes.*\(1,\)"
+    with pytest.raises(RewardModelError, match=pattern):
+        finish_episode(env)
+
+
+@pytest.mark.parametrize(
+    "value", ["good", ["good"], ["1.0"], None, [None], {"score": 1.0}, object(), [[1.0], [2.0, 3.0]]]
+)
+def test_reward_model_returning_a_non_numeric_type(value):
+    def rm_bad_type(prompts, responses):
+        return value
+
+    env = make_with_rm(rm_bad_type)
+    with pytest.raises(RewardModelError, match=r"reward model '.*rm_bad_type' returned .*not .*float"):
+        finish_episode(env)
+
+
+def test_reward_model_that_raises():
+    env = make_with_rm(rm_raises)
+    with pytest.raises(RewardModelError, match=r"reward model 'rm_raises' raised KeyError: 'boom'"):
+        finish_episode(env)
+
+
+def test_vector_reward_model_error_names_the_offending_episode():
+    def rm_second_bad(prompts, responses):
+        return [0.0, float("nan")][: len(prompts)]
+
+    envs = gym.make_vec(
+        "TextRLHF-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        reward_model=rm_second_bad,
+        normalize_reward=False,
+        max_new_tokens=3,
+    )
+    envs.reset(seed=0, options={"prompt": ["first", "second"]})
+    eos = envs.unwrapped.eos_token_id
+    with pytest.raises(RewardModelError, match=r"'.*rm_second_bad' returned nan for episode 1 \(prompt='second'"):
+        envs.step(np.array([eos, eos]))
+
+
+def test_numeric_reward_model_outputs_are_accepted():
+    for value in ([1], np.array([[0.5]]), [np.float32(2.0)]):
+        env = make_with_rm(lambda p, r, value=value: value)
+        *_, info = finish_episode(env)
+        assert info["rm_score"] == pytest.approx(float(np.ravel(value)[0]))
+
+
+# ---------------------------------------------------------------- reward-model specs
+def test_unknown_reward_model_name():
+    with pytest.raises(ValueError, match=r"reward_model='no-such-rm' is not a registered name \(default, vader"):
+        gym.make("TextRLHF-v0", reward_model="no-such-rm")
+
+
+def test_reward_model_module_that_cannot_be_imported():
+    pattern = r"reward_model='no_such_module:f': module 'no_such_module' cannot be imported"
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", reward_model="no_such_module:f")
+
+
+def test_reward_model_attribute_that_does_not_exist():
+    pattern = r"reward_model='textgym.rewards:nope': module 'textgym.rewards' has no attribute 'nope'"
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", reward_model="textgym.rewards:nope")
+
+
+def test_reward_model_object_that_is_not_a_reward_model():
+    with pytest.raises(TypeError, match=r"reward_model=.*has no score\(\) and is not callable"):
+        gym.make("TextRLHF-v0", reward_model=42)
+
+
+def test_normalize_reward_without_stored_stats():
+    with pytest.raises(ValueError, match=r"normalize_reward=True but reward model 'vader' has no stored mean/std"):
+        gym.make("TextRLHF-v0", reward_model="vader", normalize_reward=True)
+
+
+# ---------------------------------------------------------------- scalar arguments
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "pattern"),
+    [
+        ({"max_new_tokens": 0}, ValueError, r"max_new_tokens=0 must be an int >= 1"),
+        ({"max_new_tokens": 2.5}, ValueError, r"max_new_tokens=2.5 must be an int >= 1"),
+        ({"max_new_tokens": True}, ValueError, r"max_new_tokens=True must be an int >= 1"),
+        ({"max_prompt_tokens": 0}, ValueError, r"max_prompt_tokens=0 must be an int >= 1"),
+        ({"kl_coef": -1}, ValueError, r"kl_coef=-1 must be a finite float >= 0"),
+        ({"kl_coef": float("nan")}, ValueError, r"kl_coef=nan must be a finite float >= 0"),
+        ({"kl_coef": "0.1"}, ValueError, r"kl_coef='0.1' must be a finite float >= 0"),
+        ({"missing_eos_penalty": -1}, ValueError, r"missing_eos_penalty=-1 must be a finite float >= 0"),
+        ({"missing_eos_penalty": float("inf")}, ValueError, r"missing_eos_penalty=inf must be a finite float >= 0"),
+        ({"missing_eos_penalty": "1"}, ValueError, r"missing_eos_penalty='1' must be a finite float >= 0"),
+        ({"device": "tpu"}, ValueError, r"device='tpu' is not a torch device; use 'auto', 'cpu' or 'cuda"),
+        ({"dtype": "int8"}, ValueError, r"dtype='int8' is not one of \['bfloat16', 'float16', 'float32'\]"),
+    ],
+)
+def test_bad_scalar_argument(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        gym.make("TextRLHF-v0", **kwargs)
+
+
+def test_render_mode_human_is_refused():
+    # Gymnasium's make warns first (no human rendering to wrap), then the env refuses the mode.
+    with pytest.warns(UserWarning, match="render_mode='human'"):
+        with pytest.raises(ValueError, match=r"render_mode='human' is not one of \['ansi'\]"):
+            gym.make("TextRLHF-v0", render_mode="human")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"num_envs": 0}, r"num_envs=0 must be an int >= 1"),
+        ({"autoreset_mode": "bogus"}, r"autoreset_mode='bogus' is not one of .*next_step"),
+        ({"render_mode": "human"}, r"render_mode='human' is not one of \['ansi'\]"),
+        ({"kl_coef": -1}, r"kl_coef=-1 must be a finite float >= 0"),
+    ],
+)
+def test_bad_vector_argument(kwargs, pattern):
+    kwargs = {"num_envs": 2, **kwargs}
+    with pytest.raises(ValueError, match=pattern):
+        gym.make_vec("TextRLHF-v0", vectorization_mode="vector_entry_point", **kwargs)
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("inf"), float("nan"), None, True])
+def test_setting_a_bad_kl_coef_raises_and_keeps_the_old_value(single, bad):
+    before = single.unwrapped.kl_coef
+    with pytest.raises(ValueError, match=rf"kl_coef={re.escape(repr(bad))} must be a finite float >= 0"):
+        single.unwrapped.kl_coef = bad
+    assert single.unwrapped.kl_coef == before
+    single.unwrapped.kl_coef = 0.2  # a good value is taken
+    assert single.unwrapped.kl_coef == 0.2
+    single.unwrapped.kl_coef = before
+
+
+# ---------------------------------------------------------------- nothing half-applied
+def test_failed_reset_keeps_the_rng_state(single):
+    single.reset(seed=0)
+    state = single.unwrapped.np_random.bit_generator.state
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        single.reset(seed=123, options={"prompt": LONG_PROMPT})
+    assert single.unwrapped.np_random.bit_generator.state == state
+
+
+def test_failed_vector_reset_keeps_the_slot_rngs():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
+    envs.reset(seed=0)
+    states = [r.bit_generator.state for r in envs.unwrapped._slot_rngs]
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        envs.reset(seed=123, options={"prompt": LONG_PROMPT})
+    assert [r.bit_generator.state for r in envs.unwrapped._slot_rngs] == states
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"seed": [1, 2, 3]}, r"seed=\[1, 2, 3\] must be an int, None or a list of 2 int/None"),
+        ({"seed": 1.5}, r"seed=1.5 must be an int, None or a list of 2"),
+        ({"options": {"prompt": ["only one"]}}, r"options\['prompt'\]=\['only one'\] must be a str or a list of 2 str"),
+        ({"options": {"prompt": 3}}, r"options\['prompt'\]=3 must be a str or a list of 2 str"),
+        ({"options": {"reset_mask": np.array([1, 0])}}, r"options\['reset_mask'\] must be a bool array of shape"),
+    ],
+)
+def test_bad_vector_reset_arguments(vec, kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        vec.reset(**kwargs)
+
+
+def test_reward_model_error_leaves_the_step_retryable():
+    """Decision: a step whose scorer fails is undone, so it can be retried (or the env reset)."""
+    calls = []
+
+    def rm_flaky(prompts, responses):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            raise ConnectionError("scorer offline")
+        return [0.5] * len(prompts)
+
+    env = make_with_rm(rm_flaky)
+    env.reset(seed=0, options={"prompt": "The movie was"})
+    obs_before, _, _, _, _ = env.step(7)
+    with pytest.raises(RewardModelError, match=r"'.*rm_flaky' raised ConnectionError: scorer offline"):
+        env.step(env.unwrapped.eos_token_id)
+    np.testing.assert_array_equal(env.unwrapped._engine.observation(0)["input_ids"], obs_before["input_ids"])
+    obs, _, terminated, _, info = env.step(env.unwrapped.eos_token_id)  # the retry sees the same episode
+    assert terminated and info["rm_score"] == 0.5
+    assert obs["attention_mask"].sum() == obs_before["attention_mask"].sum() + 1
+
+
+def test_vector_reward_model_error_leaves_the_step_retryable():
+    calls = []
+
+    def rm_flaky(prompts, responses):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            raise ConnectionError("scorer offline")
+        return [0.5] * len(prompts)
+
+    envs = gym.make_vec(
+        "TextRLHF-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        reward_model=rm_flaky,
+        normalize_reward=False,
+        max_new_tokens=3,
+    )
+    obs_before, _ = envs.reset(seed=0)
+    eos = envs.unwrapped.eos_token_id
+    with pytest.raises(RewardModelError, match="rm_flaky"):
+        envs.step(np.array([eos, 7]))
+    after = envs.unwrapped._engine.observation(slice(None))
+    for key in obs_before:
+        np.testing.assert_array_equal(obs_before[key], after[key])
+    _, rewards, terminated, _, info = envs.step(np.array([eos, 7]))
+    assert terminated.tolist() == [True, False] and info["rm_score"][0] == 0.5
+    envs.step(np.array([7, 7]))  # next_step autoreset of slot 0 still happens
+    assert envs.unwrapped._engine.length.tolist() == [0, 2]

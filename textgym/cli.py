@@ -1,0 +1,153 @@
+"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``.
+
+This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _env_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="π_ref: HF causal-LM folder or id (default: embedded LM)")
+    parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file (default: embedded set)")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--kl-coef", type=float, default=0.05)
+    parser.add_argument("--device", default="cpu")
+
+
+def _env_kwargs(args: argparse.Namespace) -> dict:
+    kwargs = {"max_new_tokens": args.max_new_tokens, "kl_coef": args.kl_coef, "device": args.device}
+    for name in ("model", "reward_model", "prompts"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
+    return kwargs
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    import gymnasium as gym
+
+    import textgym  # noqa: F401
+
+    env = gym.make("TextRLHF-v0", **_env_kwargs(args))
+    base = env.unwrapped
+    n_params = sum(p.numel() for p in base.model.parameters())
+    rm = base.reward_model
+    rm_params = sum(p.numel() for p in rm.model.parameters()) if hasattr(rm, "model") else None
+    norm = base._engine.norm
+    print("TextRLHF-v0")
+    print(f"  reference model  : {type(base.model).__name__}, {n_params / 1e6:.2f}M parameters, "
+          f"{base.model.config.num_hidden_layers} layers, hidden {base.model.config.hidden_size}")  # fmt: skip
+    print(f"  tokenizer        : vocab {len(base.tokenizer)}, BOS={base.tokenizer.bos_token_id} "
+          f"EOS={base.eos_token_id} PAD={base.pad_token_id}")  # fmt: skip
+    print(f"  reward model     : {rm.name} ({type(rm).__name__}"
+          + (f", {rm_params / 1e6:.2f}M parameters" if rm_params else "") + ")"
+          + (f", normalised with mean {norm[0]:.4f} std {norm[1]:.4f}" if norm else ", raw scores"))  # fmt: skip
+    print(f"  gold scorer      : {getattr(base.gold_scorer, 'name', None)}")
+    print(f"  prompts          : {len(base.prompts)} (e.g. {base.prompts[0]!r})")
+    print(f"  action space     : {env.action_space}")
+    print(f"  observation space: {env.observation_space}")
+    print(f"  max_prompt_tokens={base.max_prompt_tokens} max_new_tokens={base.max_new_tokens} kl_coef={base.kl_coef}")
+
+
+def cmd_play(args: argparse.Namespace) -> None:
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    import textgym  # noqa: F401
+    from textgym.policies import LMPolicy
+
+    env = gym.make("TextRLHF-v0", **_env_kwargs(args))
+    base = env.unwrapped
+    policy = LMPolicy.for_env(base.model, env, temperature=args.temperature,
+                              generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    for episode in range(args.episodes):
+        obs, info = env.reset(seed=args.seed + episode)
+        policy.reset()
+        kl = 0.0
+        while True:
+            a, lp = policy.act(obs)
+            obs, _, terminated, truncated, info = env.step(int(a[0]))
+            kl += float(lp[0]) - info["ref_logprob"]
+            if terminated or truncated:
+                break
+        print(f"[{episode}] {info['prompt']!r} -> {info['response']!r}")
+        print(f"     rm_score {info['rm_score']:+.3f} (normalised {info['score_reward']:+.2f})  "
+              f"gold {info['gold_score']:+.3f}  KL {kl:.3f}  tokens {info['response_length']}")  # fmt: skip
+    np.set_printoptions()
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from textgym.agents.ppo import train
+    from textgym.agents.ppo.config import config_from_args
+
+    cfg = config_from_args(args)
+    history = train(cfg)
+    last = history[-1] if history else {}
+    print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
+    print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from textgym.agents.ppo.evaluate import evaluate, format_eval
+
+    kwargs = _env_kwargs(args)
+    kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
+    if args.ref_model:
+        kwargs["model"] = args.ref_model
+    results = {}
+    for name, model in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
+        results[name] = evaluate(model, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, **kwargs)
+        print(format_eval(name, results[name]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("info", help="print the default env's models, sizes and spaces")
+    _env_args(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("play", help="run the reference policy on a few prompts")
+    _env_args(p)
+    p.add_argument("--episodes", type=int, default=5)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_play)
+
+    p = sub.add_parser("train", help="train the policy with PPO (TorchRL)")
+    from textgym.agents.ppo.config import add_config_args
+
+    add_config_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
+    _env_args(p)
+    p.add_argument("--ref-model", default=None, help="π_ref if not the embedded LM")
+    p.add_argument("--episodes", type=int, default=128)
+    p.add_argument("--num-envs", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.set_defaults(func=cmd_eval)
+
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, TypeError) as err:
+        print(f"textgym {args.command}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
