@@ -75,24 +75,29 @@ class LMPolicy:
 
     @torch.no_grad()
     def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
-        """Next-token logits ``(N, V)`` for the observations ``(N, L)`` (or ``(L,)``)."""
-        ids = torch.as_tensor(obs["input_ids"], device=self.device).reshape(len(self.fed), -1)
-        mask = torch.as_tensor(obs["attention_mask"], device=self.device).reshape(len(self.fed), -1)
-        resp_len = mask[:, self.prompt_len :].sum(1).cpu().numpy()
+        """Next-token logits ``(N, V)`` for the observations ``(N, L)`` (or ``(L,)``).
+
+        The bookkeeping runs on the host copy of the observation; only the N newest tokens (and
+        the prompt block of slots that start) travel to the model's device.
+        """
+        n = len(self.fed)
+        ids = np.asarray(obs["input_ids"]).reshape(n, -1)
+        mask = np.asarray(obs["attention_mask"]).reshape(n, -1)
+        resp_len = mask[:, self.prompt_len :].sum(1)
         new = np.flatnonzero(resp_len == 0)
         cont = resp_len == self.fed + 1
         out = None
         if self.decoder.cache is not None and (resp_len > 0).any():
-            last_col = torch.as_tensor(self.prompt_len + np.maximum(resp_len, 1) - 1, device=self.device)
-            last = ids.gather(1, last_col.view(-1, 1)).squeeze(1)
-            feed = torch.where(torch.as_tensor(cont, device=self.device), last, self.eos)
-            out = self.decoder.step(feed)
+            last = ids[np.arange(n), self.prompt_len + np.maximum(resp_len, 1) - 1]
+            feed = np.where(cont, last, self.eos)
+            out = self.decoder.step(torch.as_tensor(feed, device=self.device))
         if new.size:
             slots = torch.as_tensor(new, device=self.device)
-            prompt_ids, prompt_mask = ids[slots, : self.prompt_len], mask[slots, : self.prompt_len]
+            prompt_ids = torch.as_tensor(ids[new, : self.prompt_len], device=self.device)
+            prompt_mask = torch.as_tensor(mask[new, : self.prompt_len], device=self.device)
             new_logits = self.decoder.prefill(slots, prompt_ids, prompt_mask)
             if out is None:
-                out = new_logits.new_zeros(len(self.fed), new_logits.shape[-1])
+                out = new_logits.new_zeros(n, new_logits.shape[-1])
             out[slots] = new_logits
         self.fed = np.where(resp_len == 0, 0, np.where(cont, resp_len, self.fed))
         return out

@@ -32,6 +32,7 @@ class EpisodeBatch:
     score_reward: np.ndarray
     gold_score: np.ndarray
     seconds: float
+    policy_seconds: float
 
 
 def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> EpisodeBatch:
@@ -44,7 +45,7 @@ def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> 
     base = envs.unwrapped
     n, T, P = envs.num_envs, base.max_new_tokens, base.max_prompt_tokens
     actions = np.zeros((n, T), dtype=np.int64)
-    logps = np.zeros((n, T), dtype=np.float32)
+    logps = torch.zeros(n, T, device=sampler.device)  # stays on the device: no per-token copy
     ref = np.zeros((n, T), dtype=np.float32)
     rewards = np.zeros((n, T), dtype=np.float32)
     length = np.zeros(n, dtype=np.int64)
@@ -54,14 +55,19 @@ def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> 
     scores = {k: np.zeros(n) for k in ("rm_score", "score_reward", "gold_score")}
     obs, _ = envs.reset(seed=seed)
     rows = np.arange(n)
+    policy_seconds = 0.0
     while not finished.all():
+        tp = time.perf_counter()
         with autocast():
             a, lp = sampler.act(obs)
-        obs, r, terminated, truncated, info = envs.step(a.cpu().numpy())
+        policy_seconds += time.perf_counter() - tp
+        a_host = a.cpu().numpy()  # the one host copy per token: the action the env needs
+        obs, r, terminated, truncated, info = envs.step(a_host)
         live = rows[~finished]
         t = length[live]
-        actions[live, t] = a.cpu().numpy()[live]
-        logps[live, t] = lp.float().cpu().numpy()[live]
+        actions[live, t] = a_host[live]
+        live_t = torch.as_tensor(live, device=logps.device)
+        logps[live_t, torch.as_tensor(t, device=logps.device)] = lp.float()[live_t]
         ref[live, t] = info["ref_logprob"][live]
         rewards[live, t] = r[live]
         length[live] += 1
@@ -79,7 +85,7 @@ def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> 
             "sequence": sequence.unsqueeze(1).expand(n, T, P + T),  # a view, not T copies
             "sequence_mask": torch.as_tensor(seq_mask).unsqueeze(1).expand(n, T, P + T),
             "action": torch.as_tensor(actions),
-            "sample_log_prob": torch.as_tensor(logps),
+            "sample_log_prob": logps.cpu(),
             "ref_logprob": torch.as_tensor(ref),
             "env_reward": torch.as_tensor(rewards),
             "mask": torch.as_tensor(mask),
@@ -87,7 +93,7 @@ def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> 
         batch_size=[n, T],
     )
     return EpisodeBatch(data, scores["rm_score"], scores["score_reward"], scores["gold_score"],
-                        time.perf_counter() - start)  # fmt: skip
+                        time.perf_counter() - start, policy_seconds)  # fmt: skip
 
 
 def per_token_rewards(

@@ -128,6 +128,7 @@ class Trainer:
             **stats,
             "tokens_per_s": tokens / batch.seconds,
             "time_rollout": batch.seconds,
+            "time_policy_sampling": batch.policy_seconds,
             "time_advantage": t1 - t0 - batch.seconds,
             "time_update": t2 - t1,
         }

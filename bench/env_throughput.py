@@ -1,0 +1,335 @@
+"""Rollout throughput of the native vector env against the Hugging Face / TRL reference point.
+
+For each N in ``--num-envs`` this script times, in the same process and interleaved so that
+machine noise hits both sides alike:
+
+* **env**: ``gym.make_vec("TextRLHF-v0", num_envs=N, vectorization_mode="vector_entry_point")``
+  reset on N prompts and stepped until every slot's episode has ended, the actions sampled by
+  the reference policy (:class:`textgym.policies.LMPolicy` over a *separate copy* of π_ref,
+  with its own KV cache). The env does its own work on every step: one batched cached π_ref
+  forward (``info["ref_logprob"]``) and, at the end, one batched reward-model call (plus the
+  gold scorer when one is configured, as it is by default).
+* **reference** (what TRL's PPO rollout does): ``model.generate`` with KV cache on the same
+  prompts (left padding, pad/EOS ids of the env tokenizer) by the same policy copy, the policy
+  log-probs of the sampled tokens gathered from the generation scores, then ONE batched
+  teacher-forced forward of π_ref for the log-probs of the generated tokens
+  (:func:`textgym.models.response_logprobs`) and ONE batched reward-model call over the
+  finished sequences (the RM's ``.model`` run on the generated ids when the RM shares the env
+  tokenizer, as TRL does; its ``.score(Episodes)`` otherwise).
+
+Both sides therefore produce the same things: T sampled tokens per prompt, their policy
+log-probs, their π_ref log-probs and one RM score per sequence.
+
+Fairness scheme (equal lengths): both sides generate **exactly** ``max_new_tokens`` (T)
+tokens per prompt, sampled at temperature 1 from π_ref with the EOS logit set to −inf and no
+other change to the distribution:
+
+* reference: ``generate(do_sample=True, suppress_tokens=[eos], top_k=0, top_p=1.0,
+  temperature=1.0, max_new_tokens=T)`` (``top_k=0`` turns off transformers' implicit top-50);
+* env: the policy's next-token logits get ``logits[:, eos] = -inf`` before
+  ``LMPolicy.act`` samples, so no episode terminates early and every slot is truncated after
+  exactly T steps.
+
+No EOS means no early stops on either side, so both do prefill + T−1 cached decode steps per
+prompt and the token counts match (N·T each; the script prints a warning if they do not).
+The env is used in steady state: the same env and policy serve the warm-up and every repeat,
+as in a collector loop.
+
+Timing: per N, one untimed warm-up of each side, then ``--repeats`` rounds, each timing the env
+and the reference back to back, alternating which goes first. tokens/s = N·T / wall time;
+the ratio env/reference is computed from the best (fastest) run of each side, and the median
+ratio is printed beside it. torch keeps its default thread count (printed) unless
+``--threads`` is given; on a machine shared with other jobs, intra-op threads contend with them
+and timings get very noisy (``--threads 1`` is steadier there). Results are printed, never
+asserted; the last line is ``ratio at N=64: X (target >= 0.8)`` (or says N=64 was not run).
+
+Usage::
+
+    python bench/env_throughput.py                      # N = 1, 16, 64; T = 32; 3 repeats
+    python bench/env_throughput.py --num-envs 16 --repeats 1
+    python bench/env_throughput.py --quick              # tiny smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
+from textgym.functional import position_ids_from_mask  # noqa: E402
+from textgym.models import load_causal_lm, response_logprobs  # noqa: E402
+from textgym.policies import LMPolicy  # noqa: E402
+from textgym.rewards import Episodes, score_checked  # noqa: E402
+
+TARGET_N = 64
+TARGET_RATIO = 0.8
+QUICK = {"num_envs": [1, 8], "max_new_tokens": 8, "repeats": 1}
+DEFAULT = {"num_envs": [1, 16, 64], "max_new_tokens": 32, "repeats": 3}
+
+
+class NoEOSPolicy(LMPolicy):
+    """:class:`LMPolicy` that never samples EOS (its logit is −inf), so episodes run T steps."""
+
+    @torch.no_grad()
+    def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
+        out = super().logits(obs)
+        out[:, self.eos] = -float("inf")
+        return out
+
+
+@dataclass
+class Case:
+    """Everything timed for one N: the env, the policy acting in it, and the reference inputs."""
+
+    n: int
+    max_new_tokens: int
+    envs: Any
+    policy: NoEOSPolicy
+    prompts: list[str]
+    input_ids: Tensor  # (N, P) left-padded prompts for generate
+    attention_mask: Tensor  # (N, P)
+    env_times: list[float] = field(default_factory=list)
+    ref_times: list[float] = field(default_factory=list)
+    env_tokens: int = 0
+    ref_tokens: int = 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int) -> Case:
+    """Build the vector env for N slots, the policy over ``policy_model`` and the reference prompts."""
+    envs = gym.make_vec(
+        "TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point", max_new_tokens=max_new_tokens, device=device
+    )
+    base = envs.unwrapped
+    all_prompts = list(base.prompts)
+    prompts = [all_prompts[i % len(all_prompts)] for i in range(n)]
+    tok = base.tokenizer
+    bos = tok.bos_token_id if tok.bos_token_id is not None else base.eos_token_id
+    # The env's prompt encoding: the tokenizer's ids, BOS alone for an empty prompt.
+    encoded = [(tok(p)["input_ids"] if p else []) or [bos] for p in prompts]
+    input_ids, attention_mask = _left_pad(encoded, base.pad_token_id)
+    g = torch.Generator(device=device).manual_seed(seed)
+    policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g)
+    return Case(n, max_new_tokens, envs, policy, prompts, input_ids.to(device), attention_mask.to(device))
+
+
+def run_env(case: Case, device: torch.device) -> tuple[float, int]:
+    """One rollout of N episodes through the vector env; returns (seconds, tokens generated)."""
+    envs, policy = case.envs, case.policy
+    _sync(device)
+    start = time.perf_counter()
+    obs, _ = envs.reset(options={"prompt": case.prompts})
+    tokens = 0
+    for _ in range(case.max_new_tokens):
+        actions, _logps = policy.act(obs)
+        obs, _reward, terminated, truncated, info = envs.step(actions.cpu().numpy())
+        ended = terminated | truncated
+        if ended.any():
+            tokens += int(np.asarray(info["response_length"])[ended].sum())
+        if ended.all():
+            break
+    _sync(device)
+    return time.perf_counter() - start, tokens
+
+
+def _reference_rm(rm: Any) -> Callable[[Tensor, Tensor, int, Any], Tensor | np.ndarray]:
+    """The reference RM call: the HF classifier on the generated ids when it shares the tokenizer."""
+    model = getattr(rm, "model", None)
+    if getattr(rm, "shares_tokenizer", False) and isinstance(model, torch.nn.Module):
+        label = int(getattr(rm, "label", 0))
+        rm_pad = model.config.pad_token_id
+
+        @torch.no_grad()
+        def on_ids(seq: Tensor, mask: Tensor, prompt_len: int, tokenizer: Any) -> Tensor:
+            ids = seq.masked_fill(mask == 0, rm_pad) if rm_pad is not None else seq
+            out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
+            return out.logits[:, label].float()
+
+        return on_ids
+
+    def on_text(seq: Tensor, mask: Tensor, prompt_len: int, tokenizer: Any) -> np.ndarray:
+        prompt_rows = zip(seq[:, :prompt_len], mask[:, :prompt_len], strict=True)
+        prompt_ids = [row[m.bool()].tolist() for row, m in prompt_rows]
+        response_ids = seq[:, prompt_len:].tolist()
+        episodes = Episodes(
+            prompts=tokenizer.batch_decode(prompt_ids, skip_special_tokens=True),
+            responses=tokenizer.batch_decode(response_ids, skip_special_tokens=True),
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+        )
+        return score_checked(rm, episodes)
+
+    return on_text
+
+
+@torch.no_grad()
+def run_reference(case: Case, ref_model: Any, device: torch.device, seed: int) -> tuple[float, int]:
+    """HF generate (KV cache) + one π_ref scoring forward + one RM call; returns (seconds, tokens)."""
+    base = case.envs.unwrapped
+    eos, pad, T = base.eos_token_id, base.pad_token_id, case.max_new_tokens
+    rm_call = _reference_rm(base.reward_model)
+    torch.manual_seed(seed)
+    _sync(device)
+    start = time.perf_counter()
+    out = case.policy.model.generate(
+        input_ids=case.input_ids,
+        attention_mask=case.attention_mask,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=T,
+        suppress_tokens=[eos],
+        eos_token_id=eos,
+        pad_token_id=pad,
+        use_cache=True,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    seq = out.sequences  # (N, P + T): [left-padded prompt][response]
+    prompt_len = case.input_ids.shape[1]
+    response = seq[:, prompt_len:]
+    # Policy log-probs of the sampled tokens from the generation scores (as TRL does).
+    step_logps = [torch.log_softmax(s.float(), -1).gather(-1, response[:, t, None]) for t, s in enumerate(out.scores)]
+    _policy_logp = torch.cat(step_logps, dim=1)  # (N, T)
+    mask = torch.cat([case.attention_mask, torch.ones_like(response)], dim=1)  # no EOS, so no padding after it
+    _ref_logp, _ = response_logprobs(ref_model, seq, mask, prompt_len)
+    _scores = rm_call(seq, mask, prompt_len, base.tokenizer)
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    generated = response.shape[0] * response.shape[1]
+    if (response == eos).any():
+        print(f"  warning: reference generated EOS at N={case.n}; suppress_tokens was not honoured")
+    return elapsed, generated
+
+
+def bench_case(case: Case, ref_model: Any, device: torch.device, repeats: int, seed: int) -> None:
+    """Warm up both sides once, then time ``repeats`` interleaved rounds."""
+    run_env(case, device)
+    run_reference(case, ref_model, device, seed)
+    for r in range(repeats):
+        order = ("env", "ref") if r % 2 == 0 else ("ref", "env")
+        for side in order:
+            if side == "env":
+                dt, tokens = run_env(case, device)
+                case.env_times.append(dt)
+                case.env_tokens = tokens
+            else:
+                dt, tokens = run_reference(case, ref_model, device, seed + 1 + r)
+                case.ref_times.append(dt)
+                case.ref_tokens = tokens
+
+
+def report(case: Case) -> float:
+    """Print one N's line; return the env/reference ratio from the best runs."""
+    expected = case.n * case.max_new_tokens
+    for side, got in (("env", case.env_tokens), ("reference", case.ref_tokens)):
+        if got != expected:
+            print(f"  warning: {side} generated {got} tokens at N={case.n}, expected {expected}")
+    env_best, ref_best = min(case.env_times), min(case.ref_times)
+    env_med, ref_med = statistics.median(case.env_times), statistics.median(case.ref_times)
+    ratio = ref_best / env_best  # = (tokens/env_best) / (tokens/ref_best) with equal token counts
+    ratio_med = ref_med / env_med
+    print(
+        f"{case.n:>5} {case.env_tokens:>7} {case.env_tokens / env_best:>12.1f} {case.env_tokens / env_med:>12.1f} "
+        f"{case.ref_tokens / ref_best:>12.1f} {case.ref_tokens / ref_med:>12.1f} {ratio:>8.3f} {ratio_med:>8.3f}",
+        flush=True,
+    )
+    return ratio
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="See the module docstring for the fairness scheme.",
+    )
+    parser.add_argument(
+        "--num-envs", type=int, nargs="+", default=None, help=f"values of N (default {DEFAULT['num_envs']})"
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help=f"tokens per episode T (default {DEFAULT['max_new_tokens']})"
+    )
+    parser.add_argument("--repeats", type=int, default=None, help=f"timed rounds per N (default {DEFAULT['repeats']})")
+    parser.add_argument("--quick", action="store_true", help=f"tiny smoke run: {QUICK} unless given explicitly")
+    parser.add_argument("--device", default="cpu", help="torch device for all models (default cpu)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads value (default: torch's own default)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else DEFAULT
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if any(n < 1 for n in args.num_envs) or args.max_new_tokens < 1 or args.repeats < 1:
+        parser.error("--num-envs, --max-new-tokens and --repeats must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    policy_model = load_causal_lm(device=device)  # the acting copy of π_ref, separate from the env's
+    print(
+        f"env throughput vs HF generate + π_ref scoring + RM | T={args.max_new_tokens} repeats={args.repeats} "
+        f"device={device} torch threads={torch.get_num_threads()}"
+    )
+    print("tok/s = generated tokens per wall second; ratio = env tok/s / reference tok/s (best; median)")
+    print(
+        f"{'N':>5} {'tokens':>7} {'env best':>12} {'env median':>12} {'ref best':>12} {'ref median':>12} "
+        f"{'ratio':>8} {'ratio md':>8}",
+        flush=True,
+    )
+    ratios: dict[int, float] = {}
+    for n in args.num_envs:
+        case = make_case(n, args.max_new_tokens, policy_model, device, args.seed)
+        try:
+            bench_case(case, case.envs.unwrapped.model, device, args.repeats, args.seed)
+        finally:
+            case.envs.close()
+        ratios[n] = report(case)
+    print(f"total wall time {time.perf_counter() - t_start:.1f} s")
+    if TARGET_N in ratios:
+        print(f"ratio at N={TARGET_N}: {ratios[TARGET_N]:.3f} (target >= {TARGET_RATIO})")
+    else:
+        largest = max(ratios)
+        print(
+            f"ratio at N={TARGET_N}: not measured (largest N run: {largest}, ratio {ratios[largest]:.3f}) "
+            f"(target >= {TARGET_RATIO})"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+"""Roll one episode of TextRLHF-v0 with the reference policy and read the last step's info."""
+
+import gymnasium as gym
+
+import textgym  # noqa: F401  (registers TextRLHF-v0)
+from textgym.policies import LMPolicy
+
+env = gym.make("TextRLHF-v0")
+policy = LMPolicy.for_env(env.unwrapped.model, env)  # pi_ref sampling with its own KV cache
+obs, info = env.reset(seed=0)
+done = False
+while not done:
+    action, logprob = policy.act(obs)
+    obs, reward, terminated, truncated, info = env.step(int(action[0]))
+    done = terminated or truncated
+print(f"{info['prompt']!r} -> {info['response']!r}")
+print(f"rm_score {info['rm_score']:+.3f}  gold_score {info['gold_score']:+.3f}  last reward {reward:+.3f}")

@@ -1,0 +1,78 @@
+"""Every CLI command, example and bench script runs with a tiny budget (subprocesses, as a user runs them)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTGYM = [sys.executable, "-m", "textgym.cli"]
+
+
+def run(cmd, timeout=300):
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def test_info():
+    out = run([*TEXTGYM, "info"])
+    assert "LlamaForCausalLM" in out and "Discrete(" in out and "normalised with mean" in out
+
+
+def test_play():
+    out = run([*TEXTGYM, "play", "--episodes", "2", "--max-new-tokens", "8"])
+    assert out.count("rm_score") == 2 and "gold" in out and "KL" in out
+
+
+def test_train_then_eval_the_result(tmp_path):
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8"])
+    assert (tmp_path / "run" / "policy" / "config.json").exists()
+    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "8", "--num-envs", "8",
+               "--max-new-tokens", "6", "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    assert "pi_ref:" in out and "policy:" in out
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert set(result) == {"pi_ref", "policy"} and len(result["policy"]["kl"]) == 2
+
+
+def test_plot(tmp_path):
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "16"])
+    run([sys.executable, "-m", "textgym.agents.ppo.plot", str(tmp_path / "run")])
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
+
+
+def test_cli_errors_name_the_argument():
+    proc = subprocess.run([*TEXTGYM, "play", "--model", "/no/such/model"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "model='/no/such/model'" in proc.stderr
+    proc = subprocess.run([*TEXTGYM, "train", "--num-envs", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "num_envs=0" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["examples/quickstart.py"],
+        ["examples/vector_rollout.py", "--num-envs", "4", "--episodes", "4"],
+        [
+            "examples/train_ppo.py",
+            "--total-episodes",
+            "8",
+            "--num-envs",
+            "8",
+            "--max-new-tokens",
+            "6",
+            "--eval-episodes",
+            "8",
+            "--out",
+            "{tmp}/ex",
+        ],
+        ["bench/ppo_iteration.py", "--quick"],
+        ["bench/env_throughput.py", "--quick"],
+    ],
+    ids=lambda c: Path(c[0]).stem,
+)
+def test_example_and_bench_scripts(cmd, tmp_path):
+    out = run([sys.executable, *[c.replace("{tmp}", str(tmp_path)) for c in cmd]])
+    assert out.strip()
