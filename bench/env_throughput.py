@@ -76,7 +76,7 @@ from textgym.rewards import Episodes, score_checked  # noqa: E402
 
 TARGET_N = 64
 TARGET_RATIO = 0.8
-QUICK = {"num_envs": [1, 8], "max_new_tokens": 8, "repeats": 1}
+QUICK = {"num_envs": [1, 8], "max_new_tokens": 4, "repeats": 1}
 DEFAULT = {"num_envs": [1, 16, 64], "max_new_tokens": 32, "repeats": 3}
 
 

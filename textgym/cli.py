@@ -1,4 +1,4 @@
-"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``.
+"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``rm-train``, ``rm-calibrate``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -111,6 +111,41 @@ def cmd_eval(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 
+def cmd_rm_train(args: argparse.Namespace) -> None:
+    from textgym.models import DEFAULT_LM
+    from textgym.rewards.training import load_pairs, train_reward_model
+
+    pairs = load_pairs(args.pairs)
+    val_pairs = load_pairs(args.val_pairs) if args.val_pairs else None
+    result = train_reward_model(
+        pairs, args.backbone or DEFAULT_LM, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
+        val_pairs=val_pairs, val_fraction=args.val_fraction, seed=args.seed,
+    )  # fmt: skip
+    print(f"held-out pairwise accuracy {result.val_accuracy:.4f} (loss {result.val_loss:.4f}) on "
+          f"{result.val_pairs} pairs after {result.epochs_run} epochs; saved {args.out}")  # fmt: skip
+    if not args.no_calibrate:
+        args.reward_model = args.out
+        cmd_rm_calibrate(args)
+
+
+def cmd_rm_calibrate(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from textgym.rewards import save_norm
+    from textgym.rewards.calibrate import calibrate
+
+    if args.reward_model is None or not Path(args.reward_model).is_dir():
+        raise ValueError(f"--reward-model={args.reward_model!r} must be a reward-model folder to store stats in")
+    kwargs = {"reward_model": args.reward_model, "max_new_tokens": args.max_new_tokens}
+    if args.model:
+        kwargs["model"] = args.model
+    if args.prompts:
+        kwargs["prompts"] = args.prompts
+    mean, std = calibrate(episodes=args.episodes, seed=args.seed, **kwargs)
+    save_norm(args.reward_model, mean, std, measured_on=f"{args.episodes} samples of pi_ref")
+    print(f"reward model {args.reward_model}: mean {mean:+.4f}, std {std:.4f} under pi_ref (stored)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -140,6 +175,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("rm-train", help="train a Bradley-Terry reward model from preference pairs (JSONL)")
+    p.add_argument("--pairs", required=True, help='JSONL lines {"prompt", "chosen", "rejected"}')
+    p.add_argument("--val-pairs", default=None, help="held-out pairs (default: a split of --pairs)")
+    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--out", required=True, help="folder to write the reward model to")
+    p.add_argument("--backbone", default=None, help="causal-LM folder to start from (default: embedded LM)")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-calibrate", action="store_true", help="skip measuring mean/std under pi_ref")
+    p.add_argument("--model", default=None, help="pi_ref for calibration (default: embedded LM)")
+    p.add_argument("--prompts", default=None)
+    p.add_argument("--episodes", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.set_defaults(func=cmd_rm_train)
+
+    p = sub.add_parser("rm-calibrate", help="store a reward model's score mean/std under pi_ref beside it")
+    p.add_argument("--reward-model", required=True, help="reward-model folder")
+    p.add_argument("--model", default=None, help="pi_ref (default: embedded LM)")
+    p.add_argument("--prompts", default=None)
+    p.add_argument("--episodes", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_rm_calibrate)
 
     args = parser.parse_args(argv)
     try:

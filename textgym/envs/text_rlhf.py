@@ -179,7 +179,9 @@ class _Engine:
         self.started = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
         self.prompt_text: list[str] = [""] * n
-        self.next_logp = torch.zeros(n, self.vocab_size, device=self.device)  # log π_ref(·|s_t), (N, V)
+        # π_ref's next-token logits and their log-sum-exp: log π_ref(a|s_t) = logit[a] − lse, one gather
+        self.next_logits = torch.zeros(n, self.vocab_size, device=self.device)  # (N, V)
+        self.next_lse = torch.zeros(n, device=self.device)  # (N,)
 
     def _bind(self, rm):
         if hasattr(rm, "bind"):
@@ -244,10 +246,23 @@ class _Engine:
         logits = self.decoder.prefill(
             slot_t, torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
         )
-        self.next_logp[slot_t] = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+        self._set_next(slot_t, logits)
         self.length[slots] = 0
         self.started[slots] = True
         self.done[slots] = False
+
+    def _set_next(self, rows: torch.Tensor | slice, logits: torch.Tensor) -> None:
+        logits = logits[:, : self.vocab_size]  # some checkpoints pad the LM head beyond the vocabulary
+        if isinstance(rows, slice):
+            self.next_logits, self.next_lse = logits, torch.logsumexp(logits, dim=-1)
+        else:
+            self.next_logits[rows] = logits
+            self.next_lse[rows] = torch.logsumexp(logits, dim=-1)
+
+    def prompt_ids(self, slot: int) -> list[int]:
+        """The prompt's token ids as fed to π_ref (read back from the observation, not re-tokenised)."""
+        P = self.max_prompt_tokens
+        return self.input_ids[slot, :P][self.attention_mask[slot, :P] == 1].tolist()
 
     def response_ids(self, slot: int) -> list[int]:
         P = self.max_prompt_tokens
@@ -267,7 +282,8 @@ class _Engine:
         idx = np.flatnonzero(live)
         acts = torch.as_tensor(actions, device=self.device)
         ref_lp = np.zeros(n, dtype=np.float64)
-        ref_lp[idx] = self.next_logp[idx, acts[idx]].double().cpu().numpy()
+        idx_t = torch.as_tensor(idx, device=self.device)
+        ref_lp[idx] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
         col = self.max_prompt_tokens + self.length[idx]
         self.input_ids[idx, col] = actions[idx]
         self.attention_mask[idx, col] = 1
@@ -291,8 +307,7 @@ class _Engine:
             raise
         if (live & ~ended).any():
             feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
-            logits = self.decoder.step(feed)
-            self.next_logp = torch.log_softmax(logits[:, : self.vocab_size], dim=-1)
+            self._set_next(slice(None), self.decoder.step(feed))
         return {
             "reward": reward,
             "terminated": terminated,
@@ -306,7 +321,7 @@ class _Engine:
         episodes = Episodes(
             prompts=[self.prompt_text[s] for s in slots],
             responses=[self.response_text(s) for s in slots],
-            prompt_ids=[self.encode_prompt(self.prompt_text[s]) for s in slots],
+            prompt_ids=[self.prompt_ids(s) for s in slots],
             response_ids=[self.response_ids(s) for s in slots],
         )
         rm = score_checked(self.reward_model, episodes)
@@ -657,25 +672,26 @@ class TextRLHFVectorEnv(VectorEnv):
             )
         live = ~e.done & ~resetting
         out = e.advance(actions.astype(np.int64), live)
-        slot_info = {
-            int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"].get(int(s), {})} for s in np.flatnonzero(live)
-        }
         ended = out["terminated"] | out["truncated"]
         if resetting.any():
             self._start(np.flatnonzero(resetting))
-        info: dict[str, Any] = {}
+        # Per-step info as whole arrays (one _add_info call per slot costs ~0.1 ms each at N=64).
+        shown = live & ~ended if mode == AutoresetMode.SAME_STEP else live
+        info: dict[str, Any] = {"ref_logprob": np.where(shown, out["ref_logprob"], 0.0), "_ref_logprob": shown}
         if mode == AutoresetMode.SAME_STEP and ended.any():
             # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
             slots = np.flatnonzero(ended)
             final_obs = e.observation(slots)
             for row, s in enumerate(slots):
                 obs_s = {k: v[row] for k, v in final_obs.items()}
-                info = self._add_info(info, {"final_obs": obs_s, "final_info": slot_info[int(s)]}, int(s))
+                final_info = {"ref_logprob": out["ref_logprob"][s], **out["final"][int(s)]}
+                info = self._add_info(info, {"final_obs": obs_s, "final_info": final_info}, int(s))
             self._start(slots)
             for s in slots:
-                slot_info[int(s)] = {"prompt": e.prompt_text[s]}
-        for s, si in slot_info.items():
-            info = self._add_info(info, si, s)
+                info = self._add_info(info, {"prompt": e.prompt_text[s]}, int(s))
+        else:
+            for s, final in out["final"].items():
+                info = self._add_info(info, final, s)
         self._autoreset = ended if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
         return (
             e.observation(slice(None)),

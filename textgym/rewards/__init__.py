@@ -1,7 +1,14 @@
 """Reward models: the protocol, the built-ins and the registry that resolves ``reward_model=``."""
 
 from textgym.rewards.base import Episodes, RewardModel, RewardModelError, load_norm, save_norm, score_checked
-from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, VaderScorer
+from textgym.rewards.builtin import (
+    CallableRewardModel,
+    HFRewardModel,
+    KeywordReward,
+    LengthReward,
+    VaderScorer,
+    WeightedSumReward,
+)
 from textgym.rewards.registry import ENTRY_POINT_GROUP, make_reward_model, register, registered_names
 
 __all__ = [
@@ -9,9 +16,12 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Episodes",
     "HFRewardModel",
+    "KeywordReward",
+    "LengthReward",
     "RewardModel",
     "RewardModelError",
     "VaderScorer",
+    "WeightedSumReward",
     "load_norm",
     "make_reward_model",
     "register",

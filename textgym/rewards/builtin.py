@@ -13,7 +13,7 @@ from textgym.functional import position_ids_from_mask
 from textgym.models import _check_source, quiet_transformers, resolve_device, resolve_dtype
 from textgym.rewards.base import Episodes, load_norm
 
-__all__ = ["HFRewardModel", "CallableRewardModel", "VaderScorer"]
+__all__ = ["CallableRewardModel", "HFRewardModel", "KeywordReward", "LengthReward", "VaderScorer", "WeightedSumReward"]
 
 
 class HFRewardModel:
@@ -148,3 +148,70 @@ class VaderScorer:
         if self.include_prompt:
             return self.score_texts([p + r for p, r in zip(episodes.prompts, episodes.responses)])
         return self.score_texts(episodes.responses)
+
+
+class LengthReward:
+    """−|response words − target| / target: highest (0) at the target length, in words or tokens."""
+
+    shares_tokenizer = False
+
+    def __init__(self, target: int = 20, unit: str = "words"):
+        if not isinstance(target, int) or target < 1:
+            raise ValueError(f"target={target!r} must be an int >= 1")
+        if unit not in ("words", "tokens"):
+            raise ValueError(f"unit={unit!r} is not one of 'words', 'tokens'")
+        self.target, self.unit = target, unit
+        self.name = f"length({target} {unit})"
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        if self.unit == "words":
+            lengths = np.array([len(r.split()) for r in episodes.responses], dtype=np.float64)
+        else:
+            lengths = np.array([len(ids) for ids in episodes.response_ids], dtype=np.float64)
+        return -np.abs(lengths - self.target) / self.target
+
+
+class KeywordReward:
+    """1 per keyword (or regex) found in the response, optionally capped; case-insensitive by default."""
+
+    shares_tokenizer = False
+
+    def __init__(self, keywords: Sequence[str] | str, regex: bool = False, case_sensitive: bool = False,
+                 max_count: int | None = None):  # fmt: skip
+        import re
+
+        words = [keywords] if isinstance(keywords, str) else list(keywords)
+        if not words or not all(isinstance(w, str) and w for w in words):
+            raise ValueError(f"keywords={keywords!r} must be a non-empty str or list of non-empty str")
+        flags = 0 if case_sensitive else re.IGNORECASE
+        try:
+            self.patterns = [re.compile(w if regex else r"\b" + re.escape(w) + r"\b", flags) for w in words]
+        except re.error as err:
+            raise ValueError(f"keywords={keywords!r}: invalid regular expression ({err})") from err
+        self.max_count = max_count
+        self.name = f"keywords({', '.join(words)})"
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        counts = np.array([sum(len(p.findall(r)) for p in self.patterns) for r in episodes.responses], dtype=float)
+        return counts if self.max_count is None else np.minimum(counts, self.max_count)
+
+
+class WeightedSumReward:
+    """Σ_i w_i · r_i(episodes) of several reward models (each output checked on its own)."""
+
+    def __init__(self, parts: Sequence[tuple[float, object]]):
+        if not parts:
+            raise ValueError("parts is empty; give [(weight, reward_model), ...]")
+        self.parts = [(float(w), m) for w, m in parts]
+        self.name = " + ".join(f"{w:g}*{getattr(m, 'name', type(m).__name__)}" for w, m in self.parts)
+        self.shares_tokenizer = False
+
+    def bind(self, tokenizer) -> None:
+        for _, model in self.parts:
+            if hasattr(model, "bind"):
+                model.bind(tokenizer)
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        from textgym.rewards.base import score_checked
+
+        return sum(w * score_checked(m, episodes) for w, m in self.parts)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from textgym.rewards.base import RewardModel
-from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, VaderScorer
+from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer
 
 ENTRY_POINT_GROUP = "textgym.reward_models"
 
@@ -46,6 +46,7 @@ def _default(**kwargs: Any) -> RewardModel:
 
 register("default", _default)
 register("vader", lambda **kwargs: VaderScorer())
+register("length", lambda **kwargs: LengthReward())
 
 
 def registered_names() -> list[str]:
