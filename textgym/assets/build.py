@@ -37,6 +37,7 @@ import torch
 
 from textgym.rewards.base import save_norm
 from textgym.rewards.builtin import VaderScorer
+from textgym.rewards.calibrate import sample_episodes
 from textgym.rewards.training import PreferencePair, train_reward_model
 from textgym.utils import save_folder_atomically
 
@@ -55,17 +56,17 @@ class BuildConfig:
     num_heads: int = 4
     intermediate_size: int = 704
     max_positions: int = 128
-    lm_epochs: int = 4
+    lm_epochs: int = 3
     lm_lr: float = 2e-3
     lm_batch_size: int = 32
     lm_eval_every: int = 100
     rm_epochs: int = 2
-    rm_lr: float = 1e-4
+    rm_lr: float = 3e-4
     rm_batch_size: int = 32
-    rm_corpus_pairs: int = 6000
-    rm_sample_prompts: int = 1500
+    rm_corpus_pairs: int = 5000
+    rm_sample_prompts: int = 800
     rm_samples_per_prompt: int = 4
-    rm_gold_margin: float = 0.1
+    rm_gold_margin: float = 0.2
     n_train_prompts: int = 1000
     n_eval_prompts: int = 200
     calib_prompts: int = 512
@@ -310,9 +311,6 @@ def main() -> None:
     cfg = BuildConfig.quick() if args.quick else BuildConfig()
     from transformers import AutoModelForCausalLM
 
-    from textgym.rewards.base import Episodes
-    from textgym.rewards.builtin import HFRewardModel
-
     t0 = time.time()
     report: dict = {"config": asdict(cfg)}
     rng = random.Random(cfg.seed)
@@ -357,6 +355,11 @@ def main() -> None:
     val_items = corpus_items(val_rows, rng) + sft_items[:n_sft_val]
     train_pairs = make_pairs(train_items, cfg.rm_corpus_pairs, cfg.rm_gold_margin, rng)
     val_pairs = make_pairs(val_items, cfg.rm_corpus_pairs // 10, cfg.rm_gold_margin, rng)[:1000]
+    for name, pairs in (("train", train_pairs), ("val", val_pairs)):
+        # the exact pairs, so `textgym rm-train --pairs ... --val-pairs ...` rebuilds the same RM
+        with (data_out / f"rm_pairs_{name}.jsonl").open("w") as f:
+            for p in pairs:
+                f.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
     rm_dir = args.out / "rm"
     result = train_reward_model(
         train_pairs, lm_dir, rm_dir, epochs=cfg.rm_epochs, lr=cfg.rm_lr, batch_size=cfg.rm_batch_size,
@@ -365,25 +368,20 @@ def main() -> None:
     report["rm"] = asdict(result)
     print("rm:", {k: v for k, v in report["rm"].items() if k != "history"}, f"{time.time() - t0:.0f}s")
 
-    # -- calibration under π_ref on the train prompts, and agreement with the gold scorer
-    rm = HFRewardModel(rm_dir)
-    rm.bind(tok)
-    calib = sample(lm, tok, rng.choices(train_prompts, k=cfg.calib_prompts), 1, cfg.max_new_tokens, cfg.seed + 2)
-    ep = Episodes(
-        prompts=[p for p, _ in calib],
-        responses=[r for _, r in calib],
-        prompt_ids=[tok(p)["input_ids"] for p, _ in calib],
-        response_ids=[tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for _, r in calib],
-    )
-    scores, gold_scores = rm.score(ep), vader.score(ep)
-    save_norm(rm_dir, float(scores.mean()), float(scores.std()), measured_on=f"{len(calib)} samples of pi_ref")
+    # -- calibration under π_ref on the train prompts (through the env, as `textgym rm-calibrate`),
+    #    and agreement with the gold scorer
+    rows = sample_episodes(cfg.calib_prompts, seed=cfg.seed + 2, model=str(lm_dir), reward_model=str(rm_dir),
+                           prompts=str(data_out / "prompts_train.txt"), max_new_tokens=cfg.max_new_tokens)  # fmt: skip
+    scores = np.array([r["rm_score"] for r in rows])
+    gold_scores = np.array([r["gold_score"] for r in rows])
+    save_norm(rm_dir, float(scores.mean()), float(scores.std()), measured_on=f"{len(rows)} samples of pi_ref")
     report["calibration"] = {
         "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),
         "gold_mean": float(gold_scores.mean()), "spearman_rm_gold": spearman(scores, gold_scores),
     }  # fmt: skip
     report["samples"] = [
-        {"prompt": p, "response": r, "rm": float(s), "gold": float(g)}
-        for (p, r), s, g in list(zip(calib, scores, gold_scores))[:12]
+        {"prompt": r["prompt"], "response": r["response"], "rm": float(r["rm_score"]), "gold": float(r["gold_score"])}
+        for r in rows[:12]
     ]
     report["seconds"] = time.time() - t0
     (data_out / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -20,7 +20,9 @@ class HFRewardModel:
     """Any ``AutoModelForSequenceClassification`` folder or hub id, scoring prompt + response.
 
     With ``num_labels == 1`` the score is that logit (a Bradley–Terry reward model); with two
-    or more it is the logit, or with ``use_logprob`` the log-probability, of ``label``.
+    or more it is the logit, or with ``use_logprob`` the log-probability, of ``label``. The
+    input is prompt + response + EOS (the EOS appended when the episode was truncated), pooled
+    at that last token, as ``textgym.rewards.training`` trains it.
 
     When the model's tokenizer is the environment's (same vocabulary), the episode's token ids
     are fed as they are; otherwise the text is re-tokenised with the model's own tokenizer.
@@ -84,10 +86,19 @@ class HFRewardModel:
         return self.model.base_model
 
     def _encode(self, episodes: Episodes) -> list[list[int]]:
+        """Token ids of prompt + response, always closed by one EOS (as in Bradley–Terry training).
+
+        A truncated response is scored as if finished; the env's ``missing_eos_penalty`` is the
+        place to discourage truncation.
+        """
+        eos = self.tokenizer.eos_token_id
         if self.shares_tokenizer:
-            return [p + r for p, r in zip(episodes.prompt_ids, episodes.response_ids)]
-        texts = [p + r for p, r in zip(episodes.prompts, episodes.responses)]
-        return self.tokenizer(texts)["input_ids"]
+            rows = [p + r for p, r in zip(episodes.prompt_ids, episodes.response_ids)]
+        else:
+            rows = self.tokenizer([p + r for p, r in zip(episodes.prompts, episodes.responses)])["input_ids"]
+        if eos is None:
+            return rows
+        return [row if row and row[-1] == eos else [*row, eos] for row in rows]
 
     @torch.no_grad()
     def score(self, episodes: Episodes) -> np.ndarray:

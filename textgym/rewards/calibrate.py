@@ -1,4 +1,4 @@
-"""Measure a reward model's score mean/std under π_ref, for ``normalize_reward``."""
+"""Sample π_ref through the env and measure a reward model's score distribution under it."""
 
 from __future__ import annotations
 
@@ -8,25 +8,31 @@ import torch
 
 from textgym.policies import LMPolicy
 
-__all__ = ["calibrate"]
+__all__ = ["calibrate", "sample_episodes"]
 
 
 @torch.no_grad()
-def calibrate(episodes: int = 512, num_envs: int = 64, seed: int = 0, **env_kwargs) -> tuple[float, float]:
-    """Sample ``episodes`` responses of π_ref on the env's prompts; return the RM's raw (mean, std).
+def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, **env_kwargs) -> list[dict]:
+    """Finished episodes of π_ref sampled at temperature 1 (the env's model) on the env's prompts.
 
-    ``env_kwargs`` go to ``gym.make_vec("TextRLHF-v0", ...)`` (model, reward_model, prompts, …);
-    normalisation is switched off while measuring.
+    ``env_kwargs`` go to ``gym.make_vec("TextRLHF-v0", ...)``; the reward is left raw.
+    Each row has ``prompt``, ``response``, ``rm_score`` and ``gold_score``.
     """
     envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         **{**env_kwargs, "normalize_reward": False})  # fmt: skip
     policy = LMPolicy.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
     obs, _ = envs.reset(seed=seed)
-    scores: list[float] = []
-    while len(scores) < episodes:
+    rows: list[dict] = []
+    while len(rows) < episodes:
         actions, _ = policy.act(obs)
         obs, _, _, _, info = envs.step(actions.cpu().numpy())
-        scores.extend(info["rm_score"][info["_rm_score"]].tolist() if "_rm_score" in info else [])
+        for i in np.flatnonzero(info.get("_rm_score", [])):
+            rows.append({k: info[k][i] for k in ("prompt", "response", "rm_score", "gold_score")})
     envs.close()
-    values = np.array(scores[:episodes])
-    return float(values.mean()), float(values.std())
+    return rows[:episodes]
+
+
+def calibrate(episodes: int = 512, num_envs: int = 64, seed: int = 0, **env_kwargs) -> tuple[float, float]:
+    """The reward model's raw score (mean, std) over ``episodes`` samples of π_ref."""
+    scores = np.array([row["rm_score"] for row in sample_episodes(episodes, num_envs, seed, **env_kwargs)])
+    return float(scores.mean()), float(scores.std())
