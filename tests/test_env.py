@@ -270,3 +270,22 @@ def test_prompt_options_and_files(tmp_path):
         env = gym.make("TextRLHF-v0", prompts=source)
         seen = {env.reset(seed=s)[1]["prompt"] for s in range(12)}
         assert seen == {"I liked", "The film"}
+
+
+def test_any_hf_causal_lm_works_gpt2_architecture(tmp_path):
+    """A non-Llama model (GPT-2 architecture, random weights, our tokenizer) runs with exact cached log-probs."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from textgym.models import DEFAULT_LM
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_LM)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=128)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    tok.save_pretrained(tmp_path / "gpt2")
+    env = gym.make("TextRLHF-v0", model=str(tmp_path / "gpt2"), max_new_tokens=8)
+    obs, _, _, infos = run_episode(env, ref_policy(env), seed=0)
+    stepped = np.array([i["ref_logprob"] for i in infos])
+    np.testing.assert_allclose(stepped, full_forward_ref_logprobs(env, obs[-1]), atol=1e-5)
+    assert np.isfinite(infos[-1]["rm_score"])
