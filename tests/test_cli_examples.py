@@ -88,3 +88,15 @@ def test_cli_errors_name_the_argument():
 def test_example_and_bench_scripts(cmd, tmp_path):
     out = run([sys.executable, *[c.replace("{tmp}", str(tmp_path)) for c in cmd]])
     assert out.strip()
+
+
+def test_asset_build_quick(tmp_path):
+    """The asset build runs end to end (tiny sizes) and writes loadable HF folders and its report."""
+    run([sys.executable, "-m", "textgym.assets.build", "--quick", "--out", str(tmp_path)], timeout=600)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "lm")
+    AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
+    report = json.loads((tmp_path / "data" / "build_report.json").read_text())
+    assert report["rm"]["val_pairs"] > 0 and report["calibration"]["rm_std"] > 0
+    assert (tmp_path / "rm" / "textgym_reward.json").exists()

@@ -133,10 +133,16 @@ class _Engine:
         kl_coef: float = 0.05,
         normalize_reward: bool | None = None,
         missing_eos_penalty: float = 0.0,
+        action_mask_top_p: float | None = None,
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
     ):
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+        if action_mask_top_p is not None and not (
+            isinstance(action_mask_top_p, (int, float)) and 0 < action_mask_top_p <= 1
+        ):
+            raise ValueError(f"action_mask_top_p={action_mask_top_p!r} must be a float in (0, 1] or None")
+        self.action_mask_top_p = action_mask_top_p
         missing_eos_penalty = _check_nonnegative("missing_eos_penalty", missing_eos_penalty)
         if max_prompt_tokens is not None:
             max_prompt_tokens = _check_int("max_prompt_tokens", max_prompt_tokens, 1)
@@ -345,6 +351,22 @@ class _Engine:
             }
         return final
 
+    def action_masks(self) -> np.ndarray:
+        """``(N, V)`` bool: π_ref's top-p tokens at each slot's state (all True without ``action_mask_top_p``).
+
+        The NLPO idea of RL4LMs (Ramamurthy et al., 2023): restrict the policy to tokens the
+        reference model finds plausible. The smallest set whose π_ref mass reaches p is kept.
+        """
+        n = self.next_logits.shape[0]
+        if self.action_mask_top_p is None:
+            return np.ones((n, self.vocab_size), dtype=bool)
+        probs = torch.softmax(self.next_logits, dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above
+        keep_sorted = before < self.action_mask_top_p  # the top token is always kept
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        return keep.cpu().numpy()
+
     def render(self, slot: int) -> str:
         return self.prompt_text[slot] + self.response_text(slot)
 
@@ -381,6 +403,8 @@ _DOC_ARGS = """
             under π_ref); ``None`` (default) does so whenever stats are stored.
         missing_eos_penalty: subtracted from the last reward when the episode is truncated
             without EOS (default 0).
+        action_mask_top_p: when set, ``action_masks()`` keeps only π_ref's top-p tokens (for
+            sb3-contrib's MaskablePPO; NLPO of RL4LMs); default None keeps every token.
         device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
         dtype: π_ref's compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
 """
@@ -498,6 +522,10 @@ class TextRLHFEnv(gym.Env):
         out = e.advance(np.array([a], dtype=np.int64), np.ones(1, dtype=bool))
         info = {"ref_logprob": float(out["ref_logprob"][0]), **out["final"].get(0, {})}
         return e.observation(0), float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
+
+    def action_masks(self) -> np.ndarray:
+        """``(vocab_size,)`` bool mask of the allowed tokens (see ``action_mask_top_p``)."""
+        return self._engine.action_masks()[0]
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -700,6 +728,10 @@ class TextRLHFVectorEnv(VectorEnv):
             out["truncated"],
             info,
         )
+
+    def action_masks(self) -> np.ndarray:
+        """``(num_envs, vocab_size)`` bool masks of the allowed tokens (see ``action_mask_top_p``)."""
+        return self._engine.action_masks()
 
     def render(self) -> tuple[str, ...] | None:
         if self.render_mode == "ansi":
