@@ -134,3 +134,23 @@ def test_bradley_terry_learns_a_rule_and_plugs_into_env_and_critic(tmp_path):
     rm_body = env.unwrapped.reward_model.backbone.state_dict()
     for key, value in critic.base_model.state_dict().items():
         np.testing.assert_array_equal(value.numpy(), rm_body[key].numpy())
+
+
+def test_two_label_classifier_scores_the_chosen_label(tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch = pytest.importorskip("torch")
+    m = AutoModelForSequenceClassification.from_pretrained(DEFAULT_LM, num_labels=2, dtype=torch.float32)
+    m.config.id2label, m.config.label2id = {0: "NEG", 1: "POS"}, {"NEG": 0, "POS": 1}
+    m.config.pad_token_id = 0
+    m.save_pretrained(tmp_path / "clf")
+    AutoTokenizer.from_pretrained(DEFAULT_LM).save_pretrained(tmp_path / "clf")
+    logits = HFRewardModel(tmp_path / "clf", label=0).score(EPS)
+    pos = HFRewardModel(tmp_path / "clf", label="POS").score(EPS)
+    logp = HFRewardModel(tmp_path / "clf", label="POS", use_logprob=True).score(EPS)
+    both = np.stack([logits, pos], -1)
+    np.testing.assert_allclose(logp, pos - np.log(np.exp(both).sum(-1)), atol=1e-5)
+    with pytest.raises(ValueError, match="label='MAYBE'"):
+        HFRewardModel(tmp_path / "clf", label="MAYBE")
+    with pytest.raises(ValueError, match="label=5"):
+        HFRewardModel(tmp_path / "clf", label=5)
