@@ -1,4 +1,4 @@
-"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``rm-train``, ``rm-calibrate``.
+"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``rm-train``, ``rm-calibrate``, ``bench``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -146,6 +146,23 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
     print(f"reward model {args.reward_model}: mean {mean:+.4f}, std {std:.4f} under pi_ref (stored)")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    from textgym.agents.benchmark import ALGORITHMS, PRESETS, BenchConfig, run_benchmark
+
+    values = {k: v for k, v in PRESETS["quick" if args.quick else "default"].items() if v is not None}
+    for name in ("budget", "num_envs", "max_new_tokens", "kl_coef", "eval_episodes", "out"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.algos:
+        values["algos"] = [a.strip() for a in args.algos.split(",") if a.strip()]
+    if args.seeds:
+        values["seeds"] = [int(s) for s in args.seeds.split(",")]
+    cfg = BenchConfig(**values)
+    run_benchmark(cfg)
+    print(f"wrote {cfg.out}/results.csv, results.md, rm_vs_steps.png, frontier.png (algorithms: {', '.join(cfg.algos)};"
+          f" registered: {', '.join(sorted(ALGORITHMS))})")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,10 +219,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_rm_calibrate)
 
+    p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
+    p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1)")
+    p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
+    p.add_argument("--num-envs", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--kl-coef", type=float, default=None)
+    p.add_argument("--eval-episodes", type=int, default=None)
+    p.add_argument("--out", default=None)
+    p.add_argument("--quick", action="store_true", help="a few-minute smoke preset")
+    p.set_defaults(func=cmd_bench)
+
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, TypeError) as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"textgym {args.command}: error: {err}", file=sys.stderr)
         sys.exit(2)
 

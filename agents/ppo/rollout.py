@@ -9,6 +9,7 @@ env directly and produces the TensorDict that TorchRL's ``ClipPPOLoss`` and GAE 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ class EpisodeBatch:
     policy_seconds: float
 
 
-def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=None) -> EpisodeBatch:
+def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=contextlib.nullcontext) -> EpisodeBatch:
     """Run one episode in every slot of a NEXT_STEP-autoreset vector env.
 
     A slot that finishes early is reset by the env on its next step; what it does after that
