@@ -100,3 +100,21 @@ def test_asset_build_quick(tmp_path):
     report = json.loads((tmp_path / "data" / "build_report.json").read_text())
     assert report["rm"]["val_pairs"] > 0 and report["calibration"]["rm_std"] > 0
     assert (tmp_path / "rm" / "textgym_reward.json").exists()
+
+
+def test_rm_train_and_calibrate(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": "The film", "chosen": f" was great {i}.", "rejected": f" was awful {i}."} for i in range(24)]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = run([*TEXTGYM, "rm-train", "--pairs", str(pairs), "--out", str(tmp_path / "rm"), "--epochs", "1",
+               "--episodes", "16", "--max-new-tokens", "4"])  # fmt: skip
+    assert "held-out pairwise accuracy" in out and "stored" in out
+    assert (tmp_path / "rm" / "textgym_reward.json").exists()
+    out = run([*TEXTGYM, "rm-calibrate", "--reward-model", str(tmp_path / "rm"), "--episodes", "8",
+               "--max-new-tokens", "4"])  # fmt: skip
+    assert "under pi_ref (stored)" in out
+    pairs.write_text(json.dumps(rows[0]) + "\n{oops\n")
+    proc = subprocess.run([*TEXTGYM, "rm-train", "--pairs", str(pairs), "--out", str(tmp_path / "rm2")], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "pairs.jsonl:2: invalid JSON" in proc.stderr
+    assert not (tmp_path / "rm2").exists()

@@ -31,6 +31,14 @@ def _env_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
+def _calibration_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="pi_ref sampled for calibration (default: embedded LM)")
+    parser.add_argument("--prompts", default=None, help="prompts for calibration (default: embedded set)")
+    parser.add_argument("--episodes", type=int, default=512, help="samples of pi_ref to measure mean/std on")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+
+
 def cmd_info(args: argparse.Namespace) -> None:
     import gymnasium as gym
 
@@ -202,21 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-calibrate", action="store_true", help="skip measuring mean/std under pi_ref")
-    p.add_argument("--model", default=None, help="pi_ref for calibration (default: embedded LM)")
-    p.add_argument("--prompts", default=None)
-    p.add_argument("--episodes", type=int, default=512)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    _calibration_args(p)
     p.set_defaults(func=cmd_rm_train)
 
     p = sub.add_parser("rm-calibrate", help="store a reward model's score mean/std under pi_ref beside it")
     p.add_argument("--reward-model", required=True, help="reward-model folder")
-    p.add_argument("--model", default=None, help="pi_ref (default: embedded LM)")
-    p.add_argument("--prompts", default=None)
-    p.add_argument("--episodes", type=int, default=512)
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
+    _calibration_args(p)
     p.set_defaults(func=cmd_rm_calibrate)
 
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
