@@ -3,7 +3,8 @@
 Steps, each written into ``textgym/assets``:
 
 1. corpus: read ``data/reviews.jsonl`` (made by ``generate_corpus.py``), drop junk and
-   near-duplicates, label each review by VADER (the gold scorer) and balance the sentiments;
+   near-duplicates, label each review by VADER (the gold scorer); the LM's training split
+   repeats negative reviews so that they are at least a third of it;
 2. tokenizer: byte-level BPE trained with ``tokenizers`` (``<pad>``=0, ``<bos>``=1, ``<eos>``=2);
 3. prompts: sentiment-neutral review openings, train and eval splits (from disjoint reviews);
 4. ``lm/``: the reference (SFT) policy, a small ``LlamaForCausalLM`` trained on the corpus;
@@ -83,7 +84,7 @@ class BuildConfig:
 
 # ---------------------------------------------------------------- corpus
 def load_corpus(path: Path, seed: int) -> list[dict]:
-    """Clean, dedupe, VADER-label and sentiment-balance the raw generations."""
+    """Drop junk and near-duplicates, VADER-label and shuffle the raw generations."""
     vader = VaderScorer()
     seen, rows = set(), []
     for line in path.read_text().splitlines():
@@ -98,15 +99,21 @@ def load_corpus(path: Path, seed: int) -> list[dict]:
     gold = vader.score_texts([r["text"] for r in rows])
     for r, g in zip(rows, gold):
         r["gold"] = float(g)
-    pos = [r for r in rows if r["gold"] >= 0.05]
+    random.Random(seed).shuffle(rows)
+    return rows
+
+
+def upsample_negatives(rows: list[dict]) -> list[dict]:
+    """Repeat negative reviews so they make up at least a third of the LM's training text.
+
+    SmolLM2 writes mostly positive reviews; dropping positives would cost fluency (the corpus,
+    not compute, limits a tiny LM), so the minority is repeated instead.
+    """
     neg = [r for r in rows if r["gold"] <= -0.05]
-    neu = [r for r in rows if -0.05 < r["gold"] < 0.05]
-    rng = random.Random(seed)
-    # SmolLM2 writes mostly positive reviews: keep every negative one, cap the positives at 2x.
-    rng.shuffle(pos)
-    kept = neg + pos[: max(2 * len(neg), 1)] + neu
-    rng.shuffle(kept)
-    return kept
+    if not neg:
+        return rows
+    copies = max(0, math.ceil((len(rows) - len(neg)) / (2 * len(neg))) - 1)
+    return rows + neg * copies
 
 
 def split(rows: list[dict], frac: float = 0.1) -> tuple[list[dict], list[dict]]:
@@ -284,14 +291,18 @@ def make_pairs(items: list[tuple[str, str, float]], n_random: int, margin: float
 
 
 def corpus_items(rows: list[dict], rng: random.Random) -> list[tuple[str, str, float]]:
-    """Split each review at a word boundary into (opening, continuation, VADER of continuation)."""
+    """Split each review into (opening, continuation, VADER of continuation).
+
+    Only sentiment-neutral openings are kept, like the env's prompts: the gold scorer judges the
+    response alone, so a sentiment-laden opening would make the label disagree with the text.
+    """
     vader, items = VaderScorer(), []
     for r in rows:
         words = r["text"].split()
         k = rng.choice([2, 3, 4])
-        if len(words) <= k:
-            continue
         prompt, response = " ".join(words[:k]), " " + " ".join(words[k:])
+        if len(words) <= k or vader.score_texts([prompt])[0] != 0.0:
+            continue
         items.append((prompt, response, float(vader.score_texts([response])[0])))
     return items
 
@@ -341,7 +352,9 @@ def main() -> None:
 
     # -- SFT policy
     lm_dir = args.out / "lm"
-    report["lm"] = train_lm(cfg, tok, [r["text"] for r in train_rows], [r["text"] for r in val_rows], lm_dir)
+    lm_rows = upsample_negatives(train_rows)
+    report["lm"] = train_lm(cfg, tok, [r["text"] for r in lm_rows], [r["text"] for r in val_rows], lm_dir)
+    report["lm"]["train_reviews_after_upsampling"] = len(lm_rows)
     print("lm:", report["lm"], f"{time.time() - t0:.0f}s")
     lm = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float32).eval()
 
