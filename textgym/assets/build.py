@@ -64,7 +64,7 @@ class BuildConfig:
     rm_epochs: int = 2
     rm_lr: float = 3e-4
     rm_batch_size: int = 32
-    rm_corpus_pairs: int = 5000
+    rm_corpus_pairs: int = 8000
     rm_sample_prompts: int = 800
     rm_samples_per_prompt: int = 4
     rm_gold_margin: float = 0.2
@@ -157,6 +157,16 @@ def make_prompts(rows: list[dict], n: int, seed: int) -> list[str]:
             counts[opening] = counts.get(opening, 0) + 1
     ranked = sorted(counts, key=lambda p: (-counts[p], p))
     return ranked[:n]
+
+
+MAX_PROMPT_TOKENS = 10
+
+
+def plain_prompt(prompt: str, tok) -> bool:
+    """Words, apostrophes and commas only, and at most MAX_PROMPT_TOKENS tokens (BOS included)."""
+    return (
+        bool(re.fullmatch(r"[A-Za-z',]+( [A-Za-z',]+)*", prompt)) and len(tok(prompt)["input_ids"]) <= MAX_PROMPT_TOKENS
+    )
 
 
 # ---------------------------------------------------------------- SFT policy
@@ -264,16 +274,18 @@ def sample(model, tok, prompts: list[str], n: int, max_new_tokens: int, seed: in
 
 
 # ---------------------------------------------------------------- reward model
-def make_pairs(items: list[tuple[str, str, float]], n_random: int, margin: float, rng: random.Random) -> list:
+def make_pairs(
+    items: list[tuple[str, str, float]], n_random: int, margin: float, rng: random.Random, per_prompt: int = 6
+) -> list:
     """Pairs judged by the gold score: same-prompt pairs first, then random pairs; near-ties dropped."""
     by_prompt: dict[str, list] = {}
     for it in items:
         by_prompt.setdefault(it[0], []).append(it)
     pairs = []
     for group in by_prompt.values():
-        for i in range(len(group)):
-            for j in range(i + 1, len(group)):
-                pairs.append((group[i], group[j]))
+        # at most `per_prompt` pairs from one prompt: common openings would otherwise give O(n^2) pairs
+        n_pairs = min(per_prompt, len(group) * (len(group) - 1) // 2)
+        pairs.extend(tuple(rng.sample(group, 2)) for _ in range(n_pairs))
     for _ in range(n_random):
         pairs.append(tuple(rng.sample(items, 2)))
     out = []
@@ -347,8 +359,12 @@ def main() -> None:
     # -- prompts: train prompts from train reviews, eval prompts from held-out reviews only
     train_prompts = make_prompts(train_rows, cfg.n_train_prompts, cfg.seed)
     eval_prompts = [p for p in make_prompts(val_rows, 10 * cfg.n_eval_prompts, cfg.seed + 1)][: cfg.n_eval_prompts]
-    (data_out / "prompts_train.txt").write_text("\n".join(train_prompts) + "\n")
-    (data_out / "prompts_eval.txt").write_text("\n".join(eval_prompts) + "\n")
+    # The env's prompt files keep plain openings of at most MAX_PROMPT_TOKENS tokens (a few
+    # generations open with dates or titles, which would widen every observation); the RM's
+    # SFT samples below are drawn from the unfiltered list.
+    for name, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+        kept = [p for p in prompts if plain_prompt(p, tok)]
+        (data_out / f"prompts_{name}.txt").write_text("\n".join(kept) + "\n")
 
     # -- SFT policy
     lm_dir = args.out / "lm"
