@@ -127,8 +127,8 @@ class PPOConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     "demo": {"total_episodes": 3072, "num_envs": 64, "max_new_tokens": 24, "out": "runs/demo",
-             "learning_rate": 3e-4, "critic_learning_rate": 1e-3, "kl_coef": 0.05, "target_kl": 8.0, "kl_horizon": 1000,
-             "checkpoint_every": 8},
+             "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "kl_coef": 0.1, "target_kl": 10.0,
+             "kl_horizon": 1000, "checkpoint_every": 8},
     "tiny": {"total_episodes": 16, "num_envs": 8, "max_new_tokens": 6, "num_minibatches": 2, "ppo_epochs": 1,
              "out": "runs/tiny", "progress": False},
 }  # fmt: skip

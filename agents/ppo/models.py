@@ -26,7 +26,7 @@ from textgym.functional import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LMHead", "ValueHead", "make_actor", "make_critic", "make_loss"]
+__all__ = ["LMHead", "ValueHead", "make_actor", "make_critic", "make_loss", "ppo_diagnostics"]
 
 
 def _first_step(seq: torch.Tensor) -> torch.Tensor:
@@ -121,12 +121,17 @@ def make_loss(
     clip_epsilon: float,
     clip_value: float | None,
     critic_coef: float,
-) -> ClipPPOLoss:
-    """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding."""
+) -> tuple[ClipPPOLoss, LMHead]:
+    """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding.
+
+    Returns the loss and its :class:`LMHead` (hook it to read the logits of the last call, for
+    :func:`ppo_diagnostics`: ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics).
+    """
     from torch.distributions import Categorical
 
+    head = LMHead(policy, prompt_len, temperature)
     actor = ProbabilisticActor(
-        TensorDictModule(LMHead(policy, prompt_len, temperature), ["sequence", "sequence_mask"], ["logits"]),
+        TensorDictModule(head, ["sequence", "sequence_mask"], ["logits"]),
         in_keys=["logits"],
         distribution_class=Categorical,
         return_log_prob=True,
@@ -146,4 +151,28 @@ def make_loss(
     )
     loss.set_keys(sample_log_prob="sample_log_prob", action="action", value="state_value")
     loss.loss_mask_key = "mask"
-    return loss
+    return loss, head
+
+
+@torch.no_grad()
+def ppo_diagnostics(
+    logits: torch.Tensor, action: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor, clip_epsilon: float
+) -> dict[str, float]:
+    """approx_kl, clip_fraction and entropy over the valid tokens only.
+
+    Args:
+        logits: ``(B, T, V)`` current policy logits; action, old_logprob, mask: ``(B, T)``.
+
+    approx_kl is E[(ρ − 1) − log ρ] (the k3 estimate of KL(π_old ‖ π_θ), as in CleanRL/TRL).
+    """
+    from textgym.functional import masked_mean
+
+    logp_all = torch.log_softmax(logits.float(), dim=-1)
+    log_ratio = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1) - old_logprob
+    ratio = log_ratio.exp()
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return {
+        "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),
+        "clip_fraction": masked_mean(((ratio - 1).abs() > clip_epsilon).float(), mask).item(),
+        "entropy": masked_mean(entropy, mask).item(),
+    }

@@ -10,7 +10,7 @@ import contextlib
 import json
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from textgym.utils import save_folder_atomically
 
 from .config import PPOConfig
 from .kl import make_kl_controller
-from .models import ValueHead, make_actor, make_critic, make_loss
+from .models import ValueHead, make_actor, make_critic, make_loss, ppo_diagnostics
 from .rollout import collect, compute_advantages, explained_variance, per_token_rewards
 
 __all__ = ["Trainer", "train"]
@@ -45,6 +45,7 @@ class Trainer:
     sampler: LMPolicy
     device: torch.device
     iteration_done: int = 0
+    _last_logits: list = field(default_factory=list)  # the LM head's output of the last loss call
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -64,7 +65,7 @@ class Trainer:
         base = envs.unwrapped
         policy = make_actor(base.model)
         critic = make_critic(base.reward_model, policy)
-        loss = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
+        loss, lm_head = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
                          cfg.clip_value, cfg.critic_coef)  # fmt: skip
         optimizer = torch.optim.AdamW(
             [
@@ -76,7 +77,9 @@ class Trainer:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         sampler = LMPolicy.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-        return cls(cfg, envs, policy, critic, loss, optimizer, kl_ctl, sampler, device)
+        trainer = cls(cfg, envs, policy, critic, loss, optimizer, kl_ctl, sampler, device)
+        lm_head.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output.detach()))
+        return trainer
 
     def autocast(self):
         if self.device.type == "cuda":
@@ -143,6 +146,7 @@ class Trainer:
             order = torch.randperm(cfg.num_envs, generator=gen)
             for start in range(0, cfg.num_envs, cfg.minibatch_size):
                 mb = data[order[start : start + cfg.minibatch_size].to(self.device)]
+                self._last_logits.clear()
                 with self.autocast():
                     out = self.loss(mb)
                 total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
@@ -152,11 +156,13 @@ class Trainer:
                 torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 n_updates += 1
-                for key, name in (("loss_objective", "policy_loss"), ("loss_critic", "value_loss"),
-                                  ("entropy", "entropy"), ("kl_approx", "approx_kl"),
-                                  ("clip_fraction", "clip_fraction")):  # fmt: skip
-                    if key in out.keys():
-                        sums[name] = sums.get(name, 0.0) + out[key].detach().float().mean().item()
+                # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
+                diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
+                                       cfg.clip_epsilon)  # fmt: skip
+                diag["policy_loss"] = out["loss_objective"].item()
+                diag["value_loss"] = out["loss_critic"].item()
+                for key, value in diag.items():
+                    sums[key] = sums.get(key, 0.0) + value
         return {k: v / n_updates for k, v in sums.items()}
 
     # ------------------------------------------------------------------ checkpoints
