@@ -43,6 +43,12 @@ def test_plot(tmp_path):
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
 
 
+def test_bench_quick_preset(tmp_path):
+    out = run([*TEXTGYM, "bench", "--quick", "--out", str(tmp_path / "bench")])
+    assert "results.csv" in out
+    assert (tmp_path / "bench" / "results.md").read_text().count("\n") == 2 + 7  # header + one row per algorithm
+
+
 def test_cli_errors_name_the_argument():
     proc = subprocess.run([*TEXTGYM, "play", "--model", "/no/such/model"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "model='/no/such/model'" in proc.stderr
