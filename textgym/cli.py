@@ -67,7 +67,6 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def cmd_play(args: argparse.Namespace) -> None:
     import gymnasium as gym
-    import numpy as np
     import torch
 
     import textgym  # noqa: F401
@@ -90,7 +89,6 @@ def cmd_play(args: argparse.Namespace) -> None:
         print(f"[{episode}] {info['prompt']!r} -> {info['response']!r}")
         print(f"     rm_score {info['rm_score']:+.3f} (normalised {info['score_reward']:+.2f})  "
               f"gold {info['gold_score']:+.3f}  KL {kl:.3f}  tokens {info['response_length']}")  # fmt: skip
-    np.set_printoptions()
 
 
 def cmd_train(args: argparse.Namespace) -> None:

@@ -202,16 +202,13 @@ class CachedDecoder:
         self._trim()
         return out.logits[:, -1].float()
 
-    def _layers(self):
-        return self.cache.layers
-
     def _merge(self, slots: Tensor, new_cache, new_mask: Tensor) -> None:
         """Write ``new_cache`` (k rows, P columns) into rows ``slots``, right-aligned."""
         k, p = new_mask.shape
         if self.cache is None or k == self.num_slots:  # all slots restart: a fresh cache
             self.cache = new_cache
             if k != self.num_slots or not torch.equal(slots, torch.arange(k, device=slots.device)):
-                for layer in self._layers():
+                for layer in self.cache.layers:
                     for attr in ("keys", "values"):
                         t = getattr(layer, attr)
                         full = t.new_zeros((self.num_slots, *t.shape[1:]))
@@ -224,7 +221,7 @@ class CachedDecoder:
         if p > width:  # grow every row on the left with masked columns
             self._pad_left(p - width)
             width = p
-        for old, new in zip(self._layers(), new_cache.layers):
+        for old, new in zip(self.cache.layers, new_cache.layers):
             for attr in ("keys", "values"):
                 t = getattr(old, attr)  # (N, H, C, D)
                 t[slots] = 0
@@ -233,7 +230,7 @@ class CachedDecoder:
         self.mask[slots, width - p :] = new_mask
 
     def _pad_left(self, n: int) -> None:
-        for layer in self._layers():
+        for layer in self.cache.layers:
             for attr in ("keys", "values"):
                 t = getattr(layer, attr)
                 setattr(layer, attr, torch.cat([t.new_zeros((*t.shape[:2], n, t.shape[3])), t], dim=2))
@@ -244,7 +241,7 @@ class CachedDecoder:
         extra = self.mask.shape[1] - self.max_len
         if extra <= 0:
             return
-        for layer in self._layers():
+        for layer in self.cache.layers:
             layer.keys = layer.keys[:, :, extra:]
             layer.values = layer.values[:, :, extra:]
         self.mask = self.mask[:, extra:]
@@ -274,8 +271,7 @@ def response_logprobs(
         ``(B, T)`` log-probs, T = L − prompt_len, and ``(B, T)`` entropies or None. Positions
         past a response's end hold values of padding; mask them with ``attention_mask[:, prompt_len:]``.
     """
-    ids = input_ids.masked_fill(attention_mask == 0, 0) if input_ids.min() < 0 else input_ids
-    out = model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     # The logit at column c predicts the token at column c + 1: the classic off-by-one.
     logits = out.logits[:, prompt_len - 1 : -1].float() / temperature  # (B, T, V)
     logp = torch.log_softmax(logits, dim=-1)

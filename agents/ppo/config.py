@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -167,8 +166,3 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
         if f.init and hasattr(args, f.name):  # flags not given are absent (SUPPRESS)
             values[f.name] = getattr(args, f.name)
     return PPOConfig(**values)
-
-
-def replace(cfg: PPOConfig, **changes: Any) -> PPOConfig:
-    """A copy of ``cfg`` with ``changes`` (derived fields recomputed)."""
-    return dataclasses.replace(cfg, **changes)
