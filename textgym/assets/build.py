@@ -29,6 +29,7 @@ import json
 import math
 import random
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -64,7 +65,7 @@ class BuildConfig:
     rm_epochs: int = 2
     rm_lr: float = 3e-4
     rm_batch_size: int = 32
-    rm_corpus_pairs: int = 8000
+    rm_pairs_per_item: float = 1.2  # random pairs per (opening, response) item: pairs scale with the corpus
     rm_sample_prompts: int = 800
     rm_samples_per_prompt: int = 4
     rm_gold_margin: float = 0.2
@@ -77,7 +78,7 @@ class BuildConfig:
     def quick(cls) -> BuildConfig:
         return cls(
             vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128,
-            lm_epochs=1, rm_epochs=1, rm_corpus_pairs=300, rm_sample_prompts=50,
+            lm_epochs=1, rm_epochs=1, rm_pairs_per_item=0.35, rm_sample_prompts=50,
             n_train_prompts=50, n_eval_prompts=20, calib_prompts=32,
         )  # fmt: skip
 
@@ -273,6 +274,13 @@ def sample(model, tok, prompts: list[str], n: int, max_new_tokens: int, seed: in
     return out
 
 
+def real_word_rate(samples: list[str], corpus: list[str]) -> float:
+    """Share of the words in ``samples`` that occur in ``corpus``: how often π_ref invents words."""
+    known = {w for text in corpus for w in re.findall(r"[a-z]+", text.lower())}
+    words = [w for text in samples for w in re.findall(r"[a-z]+", text.lower())]
+    return sum(w in known for w in words) / max(1, len(words))
+
+
 # ---------------------------------------------------------------- reward model
 def make_pairs(
     items: list[tuple[str, str, float]], n_random: int, margin: float, rng: random.Random, per_prompt: int = 6
@@ -379,11 +387,14 @@ def main() -> None:
     sft = sample(lm, tok, rng.sample(train_prompts, min(cfg.rm_sample_prompts, len(train_prompts))),
                  cfg.rm_samples_per_prompt, cfg.max_new_tokens, cfg.seed)  # fmt: skip
     sft_items = [(p, r, float(g)) for (p, r), g in zip(sft, vader.score_texts([r for _, r in sft]))]
+    report["lm"]["sample_word_rate"] = real_word_rate([r for _, r in sft], [r["text"] for r in rows])
+    print("share of sampled words that occur in the corpus:", report["lm"]["sample_word_rate"])
     n_sft_val = len(sft_items) // 10
     train_items = corpus_items(train_rows, rng) + sft_items[n_sft_val:]
     val_items = corpus_items(val_rows, rng) + sft_items[:n_sft_val]
-    train_pairs = make_pairs(train_items, cfg.rm_corpus_pairs, cfg.rm_gold_margin, rng)
-    val_pairs = make_pairs(val_items, cfg.rm_corpus_pairs // 10, cfg.rm_gold_margin, rng)[:1000]
+    n_random = int(cfg.rm_pairs_per_item * len(train_items))
+    train_pairs = make_pairs(train_items, n_random, cfg.rm_gold_margin, rng)
+    val_pairs = make_pairs(val_items, n_random // 10, cfg.rm_gold_margin, rng)[:1000]
     for name, pairs in (("train", train_pairs), ("val", val_pairs)):
         # the exact pairs, so `textgym rm-train --pairs ... --val-pairs ...` rebuilds the same RM
         with (data_out / f"rm_pairs_{name}.jsonl").open("w") as f:
@@ -414,8 +425,6 @@ def main() -> None:
     ]
     report["seconds"] = time.time() - t0
     (data_out / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
-    import shutil
-
     shutil.rmtree(tok_dir, ignore_errors=True)
     print("calibration:", report["calibration"], f"total {report['seconds']:.0f}s")
 
