@@ -479,3 +479,37 @@ def test_vector_reward_model_error_leaves_the_step_retryable():
     assert terminated.tolist() == [True, False] and info["rm_score"][0] == 0.5
     envs.step(np.array([7, 7]))  # next_step autoreset of slot 0 still happens
     assert envs.unwrapped._engine.length.tolist() == [0, 2]
+
+
+def test_folder_write_is_atomic(tmp_path):
+    """A write that fails half-way leaves the previous folder as it was and no temporary folder behind."""
+    from textgym.utils import save_folder_atomically
+
+    out = tmp_path / "ckpt"
+    save_folder_atomically(out, lambda d: (d / "a.txt").write_text("v1"))
+
+    def half_write(d):
+        (d / "a.txt").write_text("v2")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_folder_atomically(out, half_write)
+    assert (out / "a.txt").read_text() == "v1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    save_folder_atomically(out, lambda d: (d / "b.txt").write_text("v3"))
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_saved_folder_follows_the_umask(tmp_path):
+    """mkdtemp makes 0700 folders; a saved model folder gets the permissions a plain mkdir would."""
+    import os
+
+    from textgym.utils import save_folder_atomically
+
+    old = os.umask(0o022)
+    try:
+        save_folder_atomically(tmp_path / "m", lambda d: None)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755
