@@ -15,7 +15,7 @@ Steps, each written into ``textgym/assets``:
 
 Usage::
 
-    python -m textgym.assets.build            # full rebuild (about 25 min on 2 cores)
+    python -m textgym.assets.build            # full rebuild (19 min on 2 cores)
     python -m textgym.assets.build --quick    # a tiny, fast build for smoke tests
 
 ``data/build_report.json`` records what the build measured (perplexity, RM accuracy,
