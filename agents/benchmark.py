@@ -164,13 +164,8 @@ def reinforce(ctx: RunContext):
 class _SB3Sampler:
     """An SB3 policy acting on the native vector env's batched observations."""
 
-    def __init__(self, model, masked: bool):
-        self.model, self.masked = model, masked
-        self.envs = None
-
-    def bind(self, envs):
-        self.envs = envs
-        return self
+    def __init__(self, model, masked: bool, envs):
+        self.model, self.masked, self.envs = model, masked, envs
 
     def reset(self) -> None:
         pass
@@ -221,7 +216,7 @@ def _sb3(ctx: RunContext, algo: str):
 
     model.learn(total_timesteps=ctx.budget, callback=Curve())
     vec.close()
-    return lambda envs: _SB3Sampler(model, masked).bind(envs)
+    return lambda envs: _SB3Sampler(model, masked, envs)
 
 
 for _name in ("sb3_ppo", "sb3_a2c", "maskable_ppo"):

@@ -137,9 +137,9 @@ def test_bradley_terry_learns_a_rule_and_plugs_into_env_and_critic(tmp_path):
 
 
 def test_two_label_classifier_scores_the_chosen_label(tmp_path):
+    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    torch = pytest.importorskip("torch")
     m = AutoModelForSequenceClassification.from_pretrained(DEFAULT_LM, num_labels=2, dtype=torch.float32)
     m.config.id2label, m.config.label2id = {0: "NEG", 1: "POS"}, {"NEG": 0, "POS": 1}
     m.config.pad_token_id = 0

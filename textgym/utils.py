@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,10 +14,9 @@ def save_folder_atomically(out: str | Path, write: Callable[[Path], object]) -> 
     """Call ``write(tmp_dir)`` then move ``tmp_dir`` onto ``out``: no half-written folder is left."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the saved folder private to this user
+    # a plain mkdir (not mkdtemp, whose 0700 would make the saved folder private): the umask applies
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}")
+    tmp.mkdir()
     try:
         write(tmp)
         if out.exists():

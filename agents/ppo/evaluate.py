@@ -62,6 +62,7 @@ def evaluate(
     envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         device=device, **env_kwargs)  # fmt: skip
     base = envs.unwrapped
+    cols = base.max_prompt_tokens  # response token k sits at column cols + k
     if policy_factory is not None:
         policy = policy_factory(envs)
     else:
@@ -86,8 +87,7 @@ def evaluate(
             for i in np.flatnonzero((term | trunc) & live):
                 final[i] = {k: info[k][i] for k in ("rm_score", "score_reward", "gold_score", "prompt",
                                                      "response", "response_length")}  # fmt: skip
-                P = base.max_prompt_tokens
-                final[i]["ids"] = obs["input_ids"][i, P : P + final[i]["response_length"]].tolist()
+                final[i]["ids"] = obs["input_ids"][i, cols : cols + final[i]["response_length"]].tolist()
                 final[i]["kl"] = float(kl[i])
             done |= term | trunc
         rows.extend(final)
