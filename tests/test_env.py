@@ -72,7 +72,7 @@ def test_reward_is_beta_ref_logprob_plus_score_at_the_end(env):
     assert rewards[-1] == pytest.approx(0.1 * ref[-1] + last["score_reward"] + last["eos_penalty"])
     # the episode return is the score plus beta times the summed reference log-likelihood
     assert rewards.sum() == pytest.approx(last["score_reward"] + 0.1 * ref.sum() + last["eos_penalty"])
-    mean, std = env.unwrapped.unwrapped._engine.norm
+    mean, std, *_ = env.unwrapped.unwrapped._engine.norm
     assert last["score_reward"] == pytest.approx((last["rm_score"] - mean) / std)
     for key in ("rm_score", "gold_score", "prompt", "response", "response_length"):
         assert key in last
@@ -112,13 +112,14 @@ def test_entropy_identity_for_a_deterministic_policy(env):
     assert rewards.sum() == pytest.approx(score - beta * kl)
 
 
-def test_missing_eos_penalty_on_truncation():
+def test_the_length_cap_is_terminal_not_truncated():
+    """The observation encodes the step and the score is paid at the cap: a terminal state of this MDP."""
     env = gym.make("TextRLHF-v0", max_new_tokens=3, missing_eos_penalty=2.0)
     env.reset(seed=0)
     non_eos = 5 if env.unwrapped.eos_token_id != 5 else 6
     for _ in range(3):
         _, r, term, trunc, info = env.step(non_eos)
-    assert trunc and not term
+    assert term and not trunc and info["length_capped"] is True
     assert info["eos_penalty"] == -2.0
     assert r == pytest.approx(env.unwrapped.kl_coef * info["ref_logprob"] + info["score_reward"] - 2.0)
 
@@ -126,8 +127,60 @@ def test_missing_eos_penalty_on_truncation():
 def test_terminated_on_eos(env):
     env.reset(seed=0)
     _, _, term, trunc, info = env.step(env.unwrapped.eos_token_id)
-    assert term and not trunc
+    assert term and not trunc and info["length_capped"] is False
     assert info["response"] == "" and info["response_length"] == 1
+
+
+def _with_generation_stop_ids(tmp_path, stop_ids):
+    """The embedded LM saved with ``generation_config.eos_token_id = stop_ids`` (a chat model's end-of-turn)."""
+    from textgym.models import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm()
+    model.generation_config.eos_token_id = stop_ids
+    model.save_pretrained(tmp_path / "lm")
+    load_tokenizer().save_pretrained(tmp_path / "lm")
+    return str(tmp_path / "lm")
+
+
+def test_an_episode_ends_on_any_of_the_models_stop_ids(tmp_path):
+    end_of_turn = 7
+    env = gym.make("TextRLHF-v0", model=_with_generation_stop_ids(tmp_path, [2, end_of_turn]), max_new_tokens=6)
+    assert env.unwrapped.stop_token_ids == (2, end_of_turn)
+    env.reset(seed=0, options={"prompt": "The movie"})
+    _, _, term, _, info = env.step(20)
+    assert not term
+    _, _, term, trunc, info = env.step(end_of_turn)
+    assert term and not trunc and not info["length_capped"] and info["response_length"] == 2
+    assert info["response"] == env.unwrapped.tokenizer.decode([20])  # the stop id is not text
+    env.reset(seed=0)
+    assert env.step(2)[2]  # EOS still ends it
+
+
+def test_stop_token_ids_argument(tmp_path):
+    env = gym.make("TextRLHF-v0", stop_token_ids=[9], max_new_tokens=4)
+    env.reset(seed=0)
+    assert not env.step(2)[2] and env.step(9)[2]  # only the given ids stop
+    for bad, pattern in (([], "non-empty"), ([10**6], r"token ids in \[0, "), ("2", "must be a list"),
+                         ([0], "PAD id 0")):  # fmt: skip
+        with pytest.raises((ValueError, TypeError), match=pattern):
+            gym.make("TextRLHF-v0", stop_token_ids=bad)
+
+
+def test_prompts_through_the_chat_template(tmp_path):
+    from textgym.models import load_tokenizer
+
+    tok = load_tokenizer()
+    tok.chat_template = "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    tok.save_pretrained(tmp_path / "tok")
+    env = gym.make("TextRLHF-v0", tokenizer=str(tmp_path / "tok"), chat_template=True, max_new_tokens=4,
+                   prompts=["Write a short movie review."])  # fmt: skip
+    obs, _ = env.reset(seed=0)
+    expected = tok("<bos>user: Write a short movie review.\nassistant:", add_special_tokens=False)["input_ids"]
+    P = env.unwrapped.max_prompt_tokens
+    assert obs["input_ids"][P - len(expected) : P].tolist() == expected
+    assert obs["attention_mask"][:P].sum() == len(expected)
+    with pytest.raises(ValueError, match="chat_template=True but tokenizer .* has no chat template"):
+        gym.make("TextRLHF-v0", chat_template=True)
 
 
 # ---------------------------------------------------------------- KV cache
@@ -237,11 +290,12 @@ def test_autoreset_modes(mode):
     elif mode == "next_step":
         obs, r, te, tr, info = envs.step(np.array([7, 7]))
         assert r[0] == 0.0 and not te[0] and obs["attention_mask"][0, P:].sum() == 0
-    else:
-        with pytest.raises(RuntimeError, match="reset_mask"):
-            envs.step(np.array([7, 7]))
+    else:  # the finished slot waits: its action is ignored until reset_mask resets it
+        obs, r, te, tr, info = envs.step(np.array([7, 7]))
+        assert r[0] == 0.0 and not te[0] and info["_ref_logprob"].tolist() == [False, True]
+        assert obs["attention_mask"][0, P:].sum() == 1 and obs["input_ids"][0, P] == eos
         obs, _ = envs.reset(options={"reset_mask": np.array([True, False])})
-        assert obs["attention_mask"][0, P:].sum() == 0 and obs["attention_mask"][1, P:].sum() == 1
+        assert obs["attention_mask"][0, P:].sum() == 0 and obs["attention_mask"][1, P:].sum() == 2
         envs.step(np.array([7, 7]))
 
 
@@ -289,3 +343,21 @@ def test_any_hf_causal_lm_works_gpt2_architecture(tmp_path):
     stepped = np.array([i["ref_logprob"] for i in infos])
     np.testing.assert_allclose(stepped, full_forward_ref_logprobs(env, obs[-1]), atol=1e-5)
     assert np.isfinite(infos[-1]["rm_score"])
+
+
+# ---------------------------------------------------------------- reward normalisation
+def test_the_stored_normalisation_says_where_it_was_measured_and_warns_elsewhere():
+    norm = gym.make("TextRLHF-v0").unwrapped._engine.norm
+    assert (norm.max_new_tokens, norm.temperature) == (32, 1.0)
+    with pytest.warns(UserWarning, match=r"measured under π_ref at max_new_tokens=32 .* this env runs max_new_tokens=16"):
+        gym.make("TextRLHF-v0", max_new_tokens=16)
+
+
+def test_normalisation_with_given_mean_and_std():
+    env = gym.make("TextRLHF-v0", max_new_tokens=3, normalize_reward=(1.0, 2.0))
+    env.reset(seed=0)
+    for _ in range(3):
+        *_, info = env.step(5)
+    assert info["score_reward"] == pytest.approx((info["rm_score"] - 1.0) / 2.0)
+    with pytest.raises(ValueError, match=r"normalize_reward=\(1.0, 0.0\) must be a bool, None or a \(mean, std > 0\)"):
+        gym.make("TextRLHF-v0", normalize_reward=(1.0, 0.0))

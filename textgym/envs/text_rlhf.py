@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,18 @@ from textgym.models import (
     pad_id_for,
     resolve_device,
 )
-from textgym.rewards import Episodes, make_reward_model, score_checked
+from textgym.rewards import Episodes, RewardNorm, make_reward_model, score_checked
 
-__all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "load_prompts"]
+__all__ = [
+    "DEFAULT_KL_COEF",
+    "TextRLHFEnv",
+    "TextRLHFVectorEnv",
+    "check_kl_coef",
+    "load_prompts",
+    "resolve_stop_ids",
+]
+
+DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
 
 
 def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]:
@@ -108,6 +118,76 @@ def _check_nonnegative(name: str, value: Any) -> float:
     return float(value)
 
 
+def check_kl_coef(value: Any, name: str = "kl_coef") -> float:
+    """β as a finite float >= 0, or one ValueError naming it: the one check every entry point uses."""
+    return _check_nonnegative(name, value)
+
+
+def resolve_stop_ids(model, tokenizer, stop_token_ids: Sequence[int] | None, vocab_size: int) -> frozenset[int]:
+    """The token ids that end an episode.
+
+    Default: the tokenizer's EOS plus every id of the model's ``generation_config.eos_token_id``
+    (an int or a list: a chat model's end-of-turn is not the tokenizer's EOS). Given ids are
+    used as they are, each checked to be a token id.
+    """
+    if stop_token_ids is None:
+        ids = {int(tokenizer.eos_token_id)}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        if gen_eos is not None:
+            ids |= {int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])}
+        return frozenset(i for i in ids if 0 <= i < vocab_size)
+    if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
+        raise TypeError(f"stop_token_ids={stop_token_ids!r} must be a list of token ids or None (EOS + the model's)")
+    ids = list(stop_token_ids)
+    bad = [i for i in ids if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer))
+           or not 0 <= i < vocab_size]  # fmt: skip
+    if not ids or bad:
+        raise ValueError(
+            f"stop_token_ids={stop_token_ids!r} must be a non-empty list of token ids in [0, {vocab_size})"
+        )
+    return frozenset(int(i) for i in ids)
+
+
+def _check_chat_template(chat_template: Any, tokenizer) -> bool:
+    if not isinstance(chat_template, (bool, np.bool_)):
+        raise TypeError(f"chat_template={chat_template!r} must be a bool")
+    if chat_template and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"chat_template=True but tokenizer {tokenizer.name_or_path!r} has no chat template; "
+            "give a chat model's tokenizer or chat_template=False (plain prompts)"
+        )
+    return bool(chat_template)
+
+
+def _resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int) -> RewardNorm | None:
+    """The (mean, std) the RM score is standardised with, or None; warns when measured at another length cap."""
+    stored = getattr(reward_model, "norm", None)
+    if isinstance(normalize_reward, (tuple, list)):
+        pair = normalize_reward
+        ok = len(pair) == 2 and all(isinstance(v, (int, float)) and np.isfinite(v) for v in pair)
+        if not ok or not normalize_reward[1] > 0:
+            raise ValueError(f"normalize_reward={normalize_reward!r} must be a bool, None or a (mean, std > 0) pair")
+        return RewardNorm(float(normalize_reward[0]), float(normalize_reward[1]), max_new_tokens)
+    if normalize_reward is not None and not isinstance(normalize_reward, (bool, np.bool_)):
+        raise ValueError(f"normalize_reward={normalize_reward!r} must be a bool, None or a (mean, std > 0) pair")
+    if normalize_reward and stored is None:
+        raise ValueError(
+            f"normalize_reward=True but reward model {reward_model.name!r} has no stored mean/std; "
+            "run `textgym rm-calibrate` on it, pass (mean, std) or normalize_reward=False"
+        )
+    if normalize_reward is False or stored is None:
+        return None
+    if stored.max_new_tokens not in (None, max_new_tokens):
+        warnings.warn(
+            f"reward model {reward_model.name!r}: its stored mean/std were measured under π_ref at "
+            f"max_new_tokens={stored.max_new_tokens} (temperature {stored.temperature}), this env runs "
+            f"max_new_tokens={max_new_tokens}, so π_ref's normalised score is not 0 here; run `textgym "
+            f"rm-calibrate --max-new-tokens {max_new_tokens}` on it, or pass normalize_reward=(mean, std) or False",
+            stacklevel=4,
+        )
+    return stored
+
+
 class _Engine:
     """Models, prompts and the episode state of N slots: what the single and vector env share.
 
@@ -130,10 +210,12 @@ class _Engine:
         prompts=None,
         max_prompt_tokens: int | None = None,
         max_new_tokens: int = 32,
-        kl_coef: float = 0.05,
-        normalize_reward: bool | None = None,
+        kl_coef: float = DEFAULT_KL_COEF,
+        normalize_reward: bool | tuple[float, float] | None = None,
         missing_eos_penalty: float = 0.0,
         action_mask_top_p: float | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        chat_template: bool = False,
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
     ):
@@ -152,7 +234,14 @@ class _Engine:
         self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, name="tokenizer")
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_id = int(self.tokenizer.eos_token_id)
+        self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
+        self.stop_array = np.array(sorted(self.stop_ids), dtype=np.int64)
         self.pad_id = pad_id_for(self.tokenizer)
+        if self.pad_id in self.stop_ids:
+            raise ValueError(
+                f"stop_token_ids={sorted(self.stop_ids)} holds the PAD id {self.pad_id}; PAD never ends an episode"
+            )
+        self.chat_template = _check_chat_template(chat_template, self.tokenizer)
         self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
         self.prompts = load_prompts(prompts)
         encoded = [self.encode_prompt(p) for p in self.prompts]
@@ -168,13 +257,7 @@ class _Engine:
         self.seq_len = self.max_prompt_tokens + self.max_new_tokens
         self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
         self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
-        norm = getattr(self.reward_model, "norm", None)
-        if normalize_reward and norm is None:
-            raise ValueError(
-                f"normalize_reward=True but reward model {self.reward_model.name!r} has no stored mean/std; "
-                "run `textgym rm-calibrate` on it or pass normalize_reward=False"
-            )
-        self.norm = norm if normalize_reward or (normalize_reward is None and norm is not None) else None
+        self.norm = _resolve_norm(normalize_reward, self.reward_model, max_new_tokens)
         self.missing_eos_penalty = missing_eos_penalty
 
         n, L = num_slots, self.seq_len
@@ -200,12 +283,21 @@ class _Engine:
 
     @kl_coef.setter
     def kl_coef(self, value: float) -> None:
-        self._kl_coef = _check_nonnegative("kl_coef", value)
+        self._kl_coef = check_kl_coef(value)
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """Token ids fed to π_ref: the tokenizer's encoding; BOS alone for an empty prompt."""
+        """Token ids fed to π_ref: the tokenizer's encoding; BOS alone for an empty prompt.
+
+        With ``chat_template`` the prompt is the user turn of the tokenizer's chat template,
+        followed by the assistant's generation prompt (the template writes its own special tokens).
+        """
         if not isinstance(prompt, str):
             raise TypeError(f"prompt={prompt!r} is not a str; give a str (the empty prompt starts from BOS)")
+        if self.chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         ids = self.tokenizer(prompt)["input_ids"] if prompt else []
         return ids if ids else [self.bos_id]
 
@@ -275,7 +367,7 @@ class _Engine:
         return self.input_ids[slot, P : P + self.length[slot]].tolist()
 
     def response_text(self, slot: int) -> str:
-        ids = [t for t in self.response_ids(slot) if t != self.eos_id]
+        ids = [t for t in self.response_ids(slot) if t not in self.stop_ids]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def advance(self, actions: np.ndarray, live: np.ndarray) -> dict[str, Any]:
@@ -294,17 +386,20 @@ class _Engine:
         self.input_ids[idx, col] = actions[idx]
         self.attention_mask[idx, col] = 1
         self.length[idx] += 1
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
-        terminated[idx] = actions[idx] == self.eos_id
-        truncated[idx] = ~terminated[idx] & (self.length[idx] >= self.max_new_tokens)
-        ended = terminated | truncated
+        # The length cap is a terminal state of this MDP, not an outside time limit: the observation
+        # encodes the step and the score is paid there. `truncated` would make SB3 & co. bootstrap
+        # γ·V(s_T) on top of the score. `truncated` stays False: it is for users' TimeLimit wrappers.
+        stopped = np.zeros(n, dtype=bool)
+        capped = np.zeros(n, dtype=bool)
+        stopped[idx] = np.isin(actions[idx], self.stop_array)
+        capped[idx] = ~stopped[idx] & (self.length[idx] >= self.max_new_tokens)
+        ended = stopped | capped
         done_before = self.done.copy()
         self.done |= ended
         reward = self.kl_coef * ref_lp
         try:
-            final = self._finish(np.flatnonzero(ended), truncated, reward) if ended.any() else {}
-        except Exception:
+            final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
+        except BaseException:
             # A failing scorer leaves no half-applied step: undo the token so the step can be retried.
             self.length[idx] -= 1
             self.input_ids[idx, col] = self.pad_id
@@ -316,13 +411,13 @@ class _Engine:
             self._set_next(slice(None), self.decoder.step(feed))
         return {
             "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
+            "terminated": ended,
+            "truncated": np.zeros(n, dtype=bool),
             "ref_logprob": ref_lp,
             "final": final,
         }
 
-    def _finish(self, slots: np.ndarray, truncated: np.ndarray, reward: np.ndarray) -> dict[int, dict]:
+    def _finish(self, slots: np.ndarray, capped: np.ndarray, reward: np.ndarray) -> dict[int, dict]:
         """Score the episodes ending now (one batched call per scorer) and add the end reward."""
         episodes = Episodes(
             prompts=[self.prompt_text[s] for s in slots],
@@ -338,7 +433,7 @@ class _Engine:
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
         final = {}
         for k, s in enumerate(slots):
-            penalty = self.missing_eos_penalty if truncated[s] else 0.0
+            penalty = self.missing_eos_penalty if capped[s] else 0.0
             reward[s] += score[k] - penalty
             final[int(s)] = {
                 "rm_score": float(rm[k]),
@@ -348,6 +443,7 @@ class _Engine:
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],
                 "response_length": int(self.length[s]),
+                "length_capped": bool(capped[s]),
             }
         return final
 
@@ -397,14 +493,19 @@ _DOC_ARGS = """
             prompts; the eval prompts are ``textgym.models.EVAL_PROMPTS``).
         max_prompt_tokens: prompt block length (default: the longest prompt of the set).
             A longer prompt is refused with a ``ValueError``, never silently truncated.
-        max_new_tokens: response length at which the episode is truncated (default 32).
+        max_new_tokens: response length cap; reaching it terminates the episode (default 32).
         kl_coef: β of the reward (default 0.05); settable between episodes (``env.kl_coef``).
         normalize_reward: standardise the RM score with the mean/std stored beside it (measured
-            under π_ref); ``None`` (default) does so whenever stats are stored.
-        missing_eos_penalty: subtracted from the last reward when the episode is truncated
-            without EOS (default 0).
+            under π_ref; a warning says when at another ``max_new_tokens``); ``None`` (default)
+            does so whenever stats are stored; a ``(mean, std)`` pair standardises with those.
+        missing_eos_penalty: subtracted from the last reward when the episode reaches
+            ``max_new_tokens`` without a stop token (default 0).
         action_mask_top_p: when set, ``action_masks()`` keeps only π_ref's top-p tokens (for
             sb3-contrib's MaskablePPO; NLPO of RL4LMs); default None keeps every token.
+        stop_token_ids: the ids that end an episode (default: the tokenizer's EOS plus every
+            id of the model's ``generation_config.eos_token_id``, e.g. a chat model's end-of-turn).
+        chat_template: put each prompt into the tokenizer's chat template as the user turn,
+            followed by the assistant's generation prompt (default False: plain text).
         device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
         dtype: π_ref's compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
 """
@@ -431,7 +532,7 @@ class TextRLHFEnv(gym.Env):
 
     Rewards:
         ``r_t = kl_coef · log π_ref(a_t | s_t)``, plus on the last step the reward-model score
-        (normalised when ``normalize_reward``) minus ``missing_eos_penalty`` if truncated.
+        (normalised when ``normalize_reward``) minus ``missing_eos_penalty`` if length-capped.
         The reward depends on (s_t, a_t) only. An agent adding ``−kl_coef · log π(a_t|s_t)``
         of its own sample gets the per-token KL-penalised reward −β·log(π/π_ref) (+ score);
         one with entropy bonus β optimises E[score] − β·KL(π‖π_ref) in expectation.
@@ -444,9 +545,14 @@ class TextRLHFEnv(gym.Env):
         the running episode, if any, steps on and the RNG is not re-seeded.
 
     Episode End:
-        Terminated when the action is EOS; truncated after ``max_new_tokens`` tokens. The last
-        step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``,
-        ``gold_score``, ``prompt``, ``response`` and ``response_length``. A reward model that
+        Terminated when the action is a stop token (EOS or any of the model's stop ids, see
+        ``stop_token_ids``), and terminated at ``max_new_tokens`` tokens with
+        ``info["length_capped"] = True``: the observation encodes the step and the score is paid
+        there, so the cap is a terminal state of this MDP, not an outside time limit (an agent
+        that bootstraps on ``truncated`` would add V(s_T) on top of the score). ``truncated`` is
+        always False; it is left to outside time limits such as a user's ``TimeLimit``. The last
+        step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``, ``gold_score``,
+        ``prompt``, ``response``, ``response_length`` and ``length_capped``. A reward model that
         raises or returns anything but one finite float per episode raises
         :class:`textgym.rewards.RewardModelError` and the step is undone, so it can be retried.
 """
@@ -458,7 +564,10 @@ class TextRLHFEnv(gym.Env):
         slots and one batched RM call for the episodes ending on that step.
 
     Version History:
-        v0: initial release.
+        v0: initial release. Changed before any release, keeping the id: reaching
+            ``max_new_tokens`` is ``terminated`` with ``info["length_capped"]`` (it was
+            ``truncated``); any of the model's stop ids ends an episode; ``chat_template``;
+            with autoreset disabled a finished slot ignores its action (it raised).
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -497,6 +606,7 @@ class TextRLHFEnv(gym.Env):
     max_prompt_tokens = property(lambda self: self._engine.max_prompt_tokens)
     max_new_tokens = property(lambda self: self._engine.max_new_tokens)
     eos_token_id = property(lambda self: self._engine.eos_id)
+    stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
 
@@ -553,7 +663,8 @@ class TextRLHFVectorEnv(VectorEnv):
         whose action for it is ignored (reward 0). ``"same_step"``: reset at once, the final
         observation and info in ``info["final_obs"]`` / ``info["final_info"]``.
         ``"disabled"``: finished slots wait for ``reset(options={"reset_mask": mask})``;
-        stepping one is an error (what TorchRL's ``GymWrapper`` uses).
+        stepping one ignores its action (reward 0, not terminated; what TorchRL's ``GymWrapper``
+        and :func:`textgym.episodes.collect_episodes` use).
 
     Seeding matches ``SyncVectorEnv``: ``reset(seed=s)`` seeds slot i with ``s + i``.
     ``reset(options={"prompt": str | list[str]})`` sets the prompts of the reset slots.
@@ -619,6 +730,7 @@ class TextRLHFVectorEnv(VectorEnv):
     max_prompt_tokens = TextRLHFEnv.max_prompt_tokens
     max_new_tokens = TextRLHFEnv.max_new_tokens
     eos_token_id = TextRLHFEnv.eos_token_id
+    stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
     kl_coef = TextRLHFEnv.kl_coef
 
@@ -684,21 +796,20 @@ class TextRLHFVectorEnv(VectorEnv):
                 f"actions={actions!r} must be an integer array of shape ({self.num_envs},) "
                 f"with token ids in [0, {e.vocab_size})"
             )
-        if not e.started.all():
+        mode = self.metadata["autoreset_mode"]
+        # With autoreset disabled a slot waits (its action ignored) until it is reset: never started ones too.
+        unstarted = ~e.started.any() if mode == AutoresetMode.DISABLED else ~e.started.all()
+        if unstarted:
             raise RuntimeError("step() called before reset() for some slots; call envs.reset() first")
         bad = np.flatnonzero((actions < 0) | (actions >= e.vocab_size))
         if bad.size:
             raise ValueError(
                 f"actions[{bad[0]}]={actions[bad[0]]} is outside the action space: token ids are in [0, {e.vocab_size})"
             )
-        mode = self.metadata["autoreset_mode"]
         resetting = self._autoreset.copy() if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
-        if mode == AutoresetMode.DISABLED and e.done.any():
-            raise RuntimeError(
-                f"step() called on finished slots {np.flatnonzero(e.done).tolist()} with autoreset disabled; "
-                "reset them with reset(options={'reset_mask': mask})"
-            )
-        live = ~e.done & ~resetting
+        # With autoreset disabled a finished slot waits for reset(options={"reset_mask": ...}): its
+        # action is ignored, as on NEXT_STEP's reset step (reward 0, not terminated, "_ref_logprob" False).
+        live = e.started & ~e.done & ~resetting
         out = e.advance(actions.astype(np.int64), live)
         ended = out["terminated"] | out["truncated"]
         if resetting.any():

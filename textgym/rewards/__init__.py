@@ -1,6 +1,14 @@
 """Reward models: the protocol, the built-ins and the registry that resolves ``reward_model=``."""
 
-from textgym.rewards.base import Episodes, RewardModel, RewardModelError, load_norm, save_norm, score_checked
+from textgym.rewards.base import (
+    Episodes,
+    RewardModel,
+    RewardModelError,
+    RewardNorm,
+    load_norm,
+    save_norm,
+    score_checked,
+)
 from textgym.rewards.builtin import (
     CallableRewardModel,
     HFRewardModel,
@@ -20,6 +28,7 @@ __all__ = [
     "LengthReward",
     "RewardModel",
     "RewardModelError",
+    "RewardNorm",
     "VaderScorer",
     "WeightedSumReward",
     "load_norm",

@@ -12,14 +12,23 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 NORM_FILE = "textgym_reward.json"
 
-__all__ = ["Episodes", "RewardModel", "RewardModelError", "NORM_FILE", "load_norm", "save_norm", "score_checked"]
+__all__ = [
+    "Episodes",
+    "NORM_FILE",
+    "RewardModel",
+    "RewardModelError",
+    "RewardNorm",
+    "load_norm",
+    "save_norm",
+    "score_checked",
+]
 
 
 class RewardModelError(RuntimeError):
@@ -107,20 +116,35 @@ def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
     return scores
 
 
-def load_norm(folder: str | Path) -> tuple[float, float] | None:
-    """The (mean, std) of a reward model's score under π_ref stored beside it, if any."""
+class RewardNorm(NamedTuple):
+    """A reward model's score mean/std under π_ref, and the env settings they were measured at.
+
+    Standardising is only right at those settings: π_ref's responses at another length cap (or
+    sampling temperature) score differently, so the env warns when they differ.
+    """
+
+    mean: float
+    std: float
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+
+
+def load_norm(folder: str | Path) -> RewardNorm | None:
+    """The :class:`RewardNorm` stored beside a reward model, if any."""
     path = Path(folder) / NORM_FILE
     if not path.exists():
         return None
     stats = json.loads(path.read_text())
-    return float(stats["mean"]), float(stats["std"])
+    return RewardNorm(float(stats["mean"]), float(stats["std"]), stats.get("max_new_tokens"), stats.get("temperature"))
 
 
-def save_norm(folder: str | Path, mean: float, std: float, **extra) -> None:
-    """Store normalisation statistics beside a reward model (written atomically)."""
+def save_norm(folder: str | Path, mean: float, std: float, *, max_new_tokens: int, temperature: float = 1.0,
+              **extra) -> None:  # fmt: skip
+    """Store normalisation statistics, with the settings they were measured at, beside a reward model (atomically)."""
     if not (math.isfinite(mean) and math.isfinite(std) and std > 0):
         raise ValueError(f"normalisation stats must be finite with std > 0, got mean={mean}, std={std}")
     path = Path(folder) / NORM_FILE
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"mean": mean, "std": std, **extra}, indent=2) + "\n")
+    stats = {"mean": mean, "std": std, "max_new_tokens": max_new_tokens, "temperature": temperature, **extra}
+    tmp.write_text(json.dumps(stats, indent=2) + "\n")
     tmp.replace(path)
