@@ -5,7 +5,7 @@ machine noise hits both sides alike:
 
 * **env**: ``gym.make_vec("TextRLHF-v0", num_envs=N, vectorization_mode="vector_entry_point")``
   reset on N prompts and stepped until every slot's episode has ended, the actions sampled by
-  the reference policy (:class:`textgym.policies.LMPolicy` over a *separate copy* of π_ref,
+  the reference policy (:class:`textgym.policies.LMSampler` over a *separate copy* of π_ref,
   with its own KV cache). The env does its own work on every step: one batched cached π_ref
   forward (``info["ref_logprob"]``) and, at the end, one batched reward-model call (plus the
   gold scorer when one is configured, as it is by default).
@@ -27,7 +27,7 @@ other change to the distribution:
 * reference: ``generate(do_sample=True, suppress_tokens=[eos], top_k=0, top_p=1.0,
   temperature=1.0, max_new_tokens=T)`` (``top_k=0`` turns off transformers' implicit top-50);
 * env: the policy's next-token logits get ``logits[:, eos] = -inf`` before
-  ``LMPolicy.act`` samples, so no episode terminates early and every slot is truncated after
+  ``LMSampler.act`` samples, so no episode terminates early and every slot is truncated after
   exactly T steps.
 
 No EOS means no early stops on either side, so both do prefill + T−1 cached decode steps per
@@ -71,7 +71,7 @@ from torch import Tensor  # noqa: E402
 import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
 from textgym.functional import position_ids_from_mask  # noqa: E402
 from textgym.models import load_causal_lm, response_logprobs  # noqa: E402
-from textgym.policies import LMPolicy  # noqa: E402
+from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes, score_checked  # noqa: E402
 
 TARGET_N = 64
@@ -80,8 +80,8 @@ QUICK = {"num_envs": [1, 8], "max_new_tokens": 4, "repeats": 1}
 DEFAULT = {"num_envs": [1, 16, 64], "max_new_tokens": 32, "repeats": 3}
 
 
-class NoEOSPolicy(LMPolicy):
-    """:class:`LMPolicy` that never samples EOS (its logit is −inf), so episodes run T steps."""
+class NoEOSPolicy(LMSampler):
+    """:class:`LMSampler` that never samples EOS (its logit is −inf), so episodes run T steps."""
 
     @torch.no_grad()
     def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:

@@ -3,10 +3,10 @@
 import gymnasium as gym
 
 import textgym  # noqa: F401  (registers TextRLHF-v0)
-from textgym.policies import LMPolicy
+from textgym.policies import LMSampler
 
 env = gym.make("TextRLHF-v0")
-policy = LMPolicy.for_env(env.unwrapped.model, env)  # pi_ref sampling with its own KV cache
+policy = LMSampler.for_env(env.unwrapped.model, env)  # pi_ref sampling with its own KV cache
 obs, info = env.reset(seed=0)
 done = False
 while not done:

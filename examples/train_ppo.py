@@ -2,8 +2,8 @@
 
 import argparse
 
-from textgym.agents.ppo import PPOConfig, evaluate, train
-from textgym.agents.ppo.evaluate import format_eval
+from textgym.agents.evaluate import evaluate, format_eval
+from textgym.agents.ppo import PPOConfig, train
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--total-episodes", type=int, default=512)

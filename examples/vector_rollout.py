@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 
 import textgym  # noqa: F401
-from textgym.policies import LMPolicy
+from textgym.policies import LMSampler
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--num-envs", type=int, default=16)
@@ -14,7 +14,7 @@ parser.add_argument("--episodes", type=int, default=32)
 args = parser.parse_args()
 
 envs = gym.make_vec("TextRLHF-v0", num_envs=args.num_envs, vectorization_mode="vector_entry_point")
-policy = LMPolicy.for_env(envs.unwrapped.model, envs)
+policy = LMSampler.for_env(envs.unwrapped.model, envs)
 obs, _ = envs.reset(seed=0)
 scores, gold = [], []
 while len(scores) < args.episodes:

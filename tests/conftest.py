@@ -9,7 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
-from textgym.policies import LMPolicy  # noqa: E402
+from textgym.policies import LMSampler  # noqa: E402
 
 torch.set_num_threads(2)
 
@@ -24,7 +24,7 @@ def env():
 def ref_policy(env, seed=0, temperature=1.0):
     """The reference model sampling with its own cache, sized for ``env``."""
     g = torch.Generator().manual_seed(seed)
-    return LMPolicy.for_env(env.unwrapped.model, env, temperature=temperature, generator=g)
+    return LMSampler.for_env(env.unwrapped.model, env, temperature=temperature, generator=g)
 
 
 def run_episode(env, policy, seed=0, prompt=None):

@@ -18,14 +18,15 @@ def _env_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="π_ref: HF causal-LM folder or id (default: embedded LM)")
     parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
     parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file (default: embedded set)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--kl-coef", type=float, default=0.05)
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default 32)")
+    parser.add_argument("--kl-coef", type=float, default=None, help="β (default 0.05)")
     parser.add_argument("--device", default="cpu")
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict:
-    kwargs = {"max_new_tokens": args.max_new_tokens, "kl_coef": args.kl_coef, "device": args.device}
-    for name in ("model", "reward_model", "prompts"):
+    """The env arguments given on the command line (the env's own defaults for the others)."""
+    kwargs = {"device": args.device}
+    for name in ("model", "reward_model", "prompts", "max_new_tokens", "kl_coef"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs
@@ -70,25 +71,19 @@ def cmd_play(args: argparse.Namespace) -> None:
     import torch
 
     import textgym  # noqa: F401
-    from textgym.policies import LMPolicy
+    from textgym.episodes import collect_episodes
+    from textgym.policies import LMSampler
 
-    env = gym.make("TextRLHF-v0", **_env_kwargs(args))
-    base = env.unwrapped
-    policy = LMPolicy.for_env(base.model, env, temperature=args.temperature,
-                              generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    envs = gym.make_vec("TextRLHF-v0", num_envs=1, vectorization_mode="vector_entry_point",
+                        autoreset_mode="disabled", **_env_kwargs(args))  # fmt: skip
+    policy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=args.temperature,
+                               generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     for episode in range(args.episodes):
-        obs, info = env.reset(seed=args.seed + episode)
-        policy.reset()
-        kl = 0.0
-        while True:
-            a, lp = policy.act(obs)
-            obs, _, terminated, truncated, info = env.step(int(a[0]))
-            kl += float(lp[0]) - info["ref_logprob"]
-            if terminated or truncated:
-                break
-        print(f"[{episode}] {info['prompt']!r} -> {info['response']!r}")
-        print(f"     rm_score {info['rm_score']:+.3f} (normalised {info['score_reward']:+.2f})  "
-              f"gold {info['gold_score']:+.3f}  KL {kl:.3f}  tokens {info['response_length']}")  # fmt: skip
+        ep = collect_episodes(envs, policy, seed=args.seed + episode)[0]
+        kl = float(((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum())
+        print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
+        print(f"     rm_score {float(ep['rm_score']):+.3f} (normalised {float(ep['score_reward']):+.2f})  "
+              f"gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  tokens {int(ep['response_length'])}")  # fmt: skip
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -102,16 +97,28 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")
 
 
+def _run_settings(policy: str | None) -> dict:
+    """β and length cap a saved policy was trained with (``textgym_run.json`` beside it), if any."""
+    path = Path(policy) / "textgym_run.json" if policy else None
+    if path is None or not path.exists():
+        return {}
+    run = json.loads(path.read_text())
+    return {k: run[k] for k in ("kl_coef", "max_new_tokens") if k in run}
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
-    from textgym.agents.ppo.evaluate import evaluate, format_eval
+    from textgym.agents.evaluate import evaluate, format_eval
 
     kwargs = _env_kwargs(args)
     kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
     if args.ref_model:
         kwargs["model"] = args.ref_model
+    # The objective score − β·KL is the one the policy was trained on: its run's β and length cap
+    # unless given on the command line.
+    kwargs = {**_run_settings(args.model), **kwargs}
     results = {}
-    for name, model in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
-        results[name] = evaluate(model, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, **kwargs)
+    for name, policy in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
+        results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, **kwargs)
         print(format_eval(name, results[name]))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -148,7 +155,8 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
     if args.prompts:
         kwargs["prompts"] = args.prompts
     mean, std = calibrate(episodes=args.episodes, seed=args.seed, **kwargs)
-    save_norm(args.reward_model, mean, std, measured_on=f"{args.episodes} samples of pi_ref")
+    save_norm(args.reward_model, mean, std, max_new_tokens=args.max_new_tokens,
+              measured_on=f"{args.episodes} samples of pi_ref")
     print(f"reward model {args.reward_model}: mean {mean:+.4f}, std {std:.4f} under pi_ref (stored)")
 
 
@@ -185,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("train", help="train the policy with PPO (TorchRL)")
-    from textgym.agents.ppo.config import add_config_args
+    from textgym.agents.ppo.config import add_config_args  # dataclass and flags only: no TorchRL import
 
     add_config_args(p)
     p.set_defaults(func=cmd_train)

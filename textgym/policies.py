@@ -1,7 +1,9 @@
-"""A causal LM acting in TextRLHF-v0 with its own KV cache: one cached forward per token.
+"""A causal LM sampling actions in TextRLHF-v0 with its own KV cache: one cached forward per token.
 
 Used as the reference policy (``textgym play``, the benchmarks, the tests) and by the PPO
-agent's rollout, where the policy being trained samples the actions.
+agent's rollout, where the policy being trained samples the actions. (The Stable-Baselines3
+policy over the same LM is :class:`textgym.agents.sb3.LMPolicy`; this one is a sampler, not a
+trainable SB3 policy.)
 """
 
 from __future__ import annotations
@@ -12,17 +14,17 @@ from torch import Tensor
 
 from textgym.models import CachedDecoder
 
-__all__ = ["LMPolicy"]
+__all__ = ["LMSampler"]
 
 
-class LMPolicy:
+class LMSampler:
     """Sample next tokens from a causal LM for N env slots, reading the env's observations.
 
     The policy keeps one KV-cache row per slot. It reads from each observation how many
     response tokens the slot holds: none means a new episode (prefill the prompt block), one
     more than it has consumed means feed that token. Any other case (a finished slot whose
-    observation did not change) feeds a filler token whose output is ignored; that row is
-    rewritten at the slot's next reset.
+    observation did not change, or a slot never started) feeds a filler token whose output is
+    ignored; that row is rewritten at the slot's next reset.
 
     Args:
         model: a Hugging Face causal LM (its own device and dtype are used).
@@ -30,7 +32,8 @@ class LMPolicy:
         prompt_len: the env's ``max_prompt_tokens``.
         max_len: the env's observation length.
         eos_token_id: filler for slots whose output is ignored.
-        temperature: sampling temperature; 0 means greedy.
+        temperature: sampling temperature; 0 means greedy (a deterministic policy: the
+            log-prob of its action is 0, so the KL reported against π_ref is −Σ log π_ref).
         generator: a ``torch.Generator`` for reproducible sampling.
     """
 
@@ -56,7 +59,7 @@ class LMPolicy:
         self.fed = np.full(num_slots, -1, dtype=np.int64)  # response tokens consumed per slot
 
     @classmethod
-    def for_env(cls, model, env, **kwargs) -> LMPolicy:
+    def for_env(cls, model, env, **kwargs) -> LMSampler:
         """Size the policy for a ``TextRLHFEnv`` or ``TextRLHFVectorEnv`` (wrapped or not)."""
         base = env.unwrapped
         return cls(
@@ -84,7 +87,7 @@ class LMPolicy:
         ids = np.asarray(obs["input_ids"]).reshape(n, -1)
         mask = np.asarray(obs["attention_mask"]).reshape(n, -1)
         resp_len = mask[:, self.prompt_len :].sum(1)
-        new = np.flatnonzero(resp_len == 0)
+        new = np.flatnonzero((resp_len == 0) & (mask[:, : self.prompt_len].sum(1) > 0))  # not unstarted
         cont = resp_len == self.fed + 1
         out = None
         if self.decoder.cache is not None and (resp_len > 0).any():
@@ -99,17 +102,22 @@ class LMPolicy:
             if out is None:
                 out = new_logits.new_zeros(n, new_logits.shape[-1])
             out[slots] = new_logits
+        if out is None:  # no slot started yet: nothing to compute, every action is ignored
+            out = torch.zeros(n, self.model.get_output_embeddings().weight.shape[0], device=self.device)
         self.fed = np.where(resp_len == 0, 0, np.where(cont, resp_len, self.fed))
         return out
 
     @torch.no_grad()
     def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
-        """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the tempered policy."""
+        """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the policy that acts.
+
+        The log-prob is that of the distribution the token was drawn from: the tempered one, or
+        for greedy decoding (temperature 0) the point mass, log 1 = 0.
+        """
         logits = self.logits(obs)
         if self.temperature == 0:
-            logp = torch.log_softmax(logits, dim=-1)
             actions = logits.argmax(-1)
-        else:
-            logp = torch.log_softmax(logits / self.temperature, dim=-1)
-            actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            return actions, torch.zeros(actions.shape, device=actions.device)
+        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
         return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

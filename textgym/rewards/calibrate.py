@@ -6,7 +6,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from textgym.policies import LMPolicy
+from textgym.episodes import collect_episodes
+from textgym.policies import LMSampler
 
 __all__ = ["calibrate", "sample_episodes"]
 
@@ -19,17 +20,18 @@ def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, **en
     Each row has ``prompt``, ``response``, ``rm_score`` and ``gold_score``.
     """
     envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        **{**env_kwargs, "normalize_reward": False})  # fmt: skip
-    policy = LMPolicy.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
-    obs, _ = envs.reset(seed=seed)
+                        autoreset_mode="disabled", **{**env_kwargs, "normalize_reward": False})  # fmt: skip
+    policy = LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
     rows: list[dict] = []
     while len(rows) < episodes:
-        actions, _ = policy.act(obs)
-        obs, _, _, _, info = envs.step(actions.cpu().numpy())
-        for i in np.flatnonzero(info.get("_rm_score", [])):
-            rows.append({k: info[k][i] for k in ("prompt", "response", "rm_score", "gold_score")})
+        first = not rows
+        done = collect_episodes(envs, policy, num_episodes=min(num_envs, episodes - len(rows)),
+                                seed=seed if first else None)  # fmt: skip
+        rows.extend({k: done[k][i] if k in ("prompt", "response") else float(done[k][i])
+                     for k in ("prompt", "response", "rm_score", "gold_score")}
+                    for i in range(done.batch_size[0]))  # fmt: skip
     envs.close()
-    return rows[:episodes]
+    return rows
 
 
 def calibrate(episodes: int = 512, num_envs: int = 64, seed: int = 0, **env_kwargs) -> tuple[float, float]:

@@ -1,0 +1,114 @@
+"""collect_episodes: the one episode loop — complete episodes, finished slots wait, exact bookkeeping."""
+
+import gymnasium as gym
+import pytest
+import torch
+
+from textgym.episodes import collect_episodes
+from textgym.models import response_logprobs
+from textgym.policies import LMSampler
+
+
+def make_envs(n=4, **kwargs):
+    kwargs.setdefault("max_new_tokens", 6)
+    return gym.make_vec("TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
+                        **kwargs)  # fmt: skip
+
+
+def sampler(envs, seed=0):
+    return LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
+
+
+class EOSAt:
+    """Wraps a sampler: slot i emits EOS at its step ``stop[i]`` (None: never forced)."""
+
+    def __init__(self, inner, stop):
+        self.inner, self.stop, self.t = inner, stop, 0
+
+    def reset(self):
+        self.inner.reset()
+        self.t = 0
+
+    def act(self, obs):
+        a, lp = self.inner.act(obs)
+        for i, s in enumerate(self.stop):
+            if s == self.t:
+                a[i] = 2
+        self.t += 1
+        return a, lp
+
+
+def test_complete_episodes_with_the_reward_identity_and_exact_logprobs():
+    envs = make_envs()
+    base = envs.unwrapped
+    ep = collect_episodes(envs, sampler(envs), seed=0)
+    assert ep.batch_size == (4,)
+    lengths = ep["mask"].sum(1)
+    assert lengths.tolist() == ep["response_length"].tolist()
+    # the env's return = score + β·Σ log π_ref (the reward contract), episode by episode
+    ret = (ep["env_reward"].double() * ep["mask"]).sum(1)
+    expected = ep["score_reward"] + base.kl_coef * (ep["ref_logprob"].double() * ep["mask"]).sum(1)
+    torch.testing.assert_close(ret, expected, atol=1e-5, rtol=0)
+    # the sampler's cached log-probs equal one teacher-forced forward over the finished sequences
+    with torch.no_grad():
+        tf, _ = response_logprobs(base.model, ep["input_ids"], ep["attention_mask"], base.max_prompt_tokens)
+    m = ep["mask"]
+    torch.testing.assert_close(tf[m], ep["sample_log_prob"][m], atol=1e-5, rtol=0)
+    assert all(isinstance(r, str) for r in ep["response"])
+
+
+def test_finished_slots_wait_and_each_episode_is_scored_once():
+    calls = []
+
+    def rm(prompts, responses):
+        calls.append(len(responses))
+        return [0.0] * len(responses)
+
+    envs = make_envs(reward_model=rm, normalize_reward=False)
+    ep = collect_episodes(envs, EOSAt(sampler(envs), [0, 2, None, None]), seed=0)
+    assert ep["response_length"].tolist() == [1, 3, 6, 6]
+    assert ep["length_capped"].tolist() == [False, False, True, True]
+    assert sum(calls) == 4  # no episode beyond one per slot was started, stepped or scored
+    assert ep["action"][0, 0] == 2 and ep["mask"][0].tolist() == [True] + [False] * 5
+
+
+def test_a_subset_of_slots_and_given_prompts_make_a_group():
+    envs = make_envs()
+    ep = collect_episodes(envs, sampler(envs), num_episodes=3, prompts=["The movie"] * 3, seed=0)
+    assert ep.batch_size == (3,) and list(ep["prompt"]) == ["The movie"] * 3
+    assert len(set(ep["response"])) > 1  # three samples on one prompt
+    ep = collect_episodes(envs, sampler(envs), seed=1)  # then all four slots again
+    assert ep.batch_size == (4,)
+    for bad in (0, 5, 2.0):
+        with pytest.raises(ValueError, match=rf"num_episodes={bad!r} must be an int in \[1, num_envs=4\]"):
+            collect_episodes(envs, sampler(envs), num_episodes=bad)
+
+
+def test_a_fresh_env_runs_fewer_episodes_than_slots():
+    envs = make_envs()
+    ep = collect_episodes(envs, sampler(envs), num_episodes=1, seed=0)
+    assert ep.batch_size == (1,) and ep["response_length"][0] >= 1
+
+
+def test_same_seed_same_episodes():
+    envs = make_envs()
+    a = collect_episodes(envs, sampler(envs, seed=3), seed=7)
+    b = collect_episodes(envs, sampler(envs, seed=3), seed=7)
+    assert torch.equal(a["action"], b["action"]) and list(a["prompt"]) == list(b["prompt"])
+
+
+def test_refuses_an_auto_resetting_env():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point")
+    with pytest.raises(ValueError, match="autoreset_mode='disabled'"):
+        collect_episodes(envs, sampler(envs))
+
+
+def test_greedy_log_probs_and_kl_agree():
+    """A greedy policy is deterministic: log π(a) = 0, so its KL to π_ref is −Σ log π_ref exactly."""
+    envs = make_envs()
+    greedy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=0)
+    ep = collect_episodes(envs, greedy, seed=0)
+    assert (ep["sample_log_prob"] == 0).all()
+    kl = ((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum(1)
+    torch.testing.assert_close(kl, -(ep["ref_logprob"] * ep["mask"]).sum(1))
+    assert (kl > 0).all()

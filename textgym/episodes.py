@@ -1,0 +1,150 @@
+"""The one episode loop: complete episodes from the native vector env, as a TensorDict.
+
+Every consumer of episodes uses it: the PPO rollout, the evaluator, reward-model calibration,
+``textgym play``, and (next) GRPO groups and Ray rollout workers. RLHF needs exactly one
+*complete* episode per slot (the reward-model score comes at its end), laid out episode by
+episode so an update runs one teacher-forced forward per sequence. TorchRL's collectors hand out
+fixed-length time slices with auto-reset, which cut episodes across batches; so this loop drives
+the Gymnasium vector env directly, with autoreset disabled: a finished slot waits (its action is
+ignored) until every slot has finished.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from tensordict import NonTensorStack, TensorDict
+
+__all__ = ["collect_episodes", "FINAL_INFO_KEYS"]
+
+# Per-episode results copied from the env's last-step info, with their dtypes.
+FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "gold_score": np.float64,
+                   "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
+
+
+def _as_numpy(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
+
+
+def _check_envs(envs) -> None:
+    mode = getattr(envs.unwrapped, "autoreset_mode", None)
+    if mode != AutoresetMode.DISABLED:
+        raise ValueError(
+            f"envs has autoreset_mode={mode!r}; collect_episodes needs a TextRLHF vector env made with "
+            "autoreset_mode='disabled' (finished slots wait for the others)"
+        )
+
+
+def _start_mask(num_envs: int, num_episodes: int | None) -> np.ndarray:
+    n = num_envs if num_episodes is None else num_episodes
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= num_envs:
+        raise ValueError(f"num_episodes={num_episodes!r} must be an int in [1, num_envs={num_envs}] or None")
+    mask = np.zeros(num_envs, dtype=bool)
+    mask[:n] = True
+    return mask
+
+
+def collect_episodes(
+    envs,
+    policy,
+    *,
+    num_episodes: int | None = None,
+    prompts: Sequence[str] | None = None,
+    seed: int | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    timing: dict[str, float] | None = None,
+) -> TensorDict:
+    """Run one complete episode in each of the first ``num_episodes`` slots of ``envs``.
+
+    Args:
+        envs: a ``TextRLHFVectorEnv`` made with ``autoreset_mode="disabled"``.
+        policy: ``reset()`` and ``act(obs) -> (actions (N,), log-probs (N,))`` (tensors or arrays);
+            the log-prob is that of the distribution the action was drawn from.
+        num_episodes: slots to run (default: all ``num_envs``); the others stay idle.
+        prompts: one prompt per episode (default: drawn by the env's per-slot RNGs). Giving the
+            same prompt G times makes a group of G episodes on one prompt.
+        seed: passed to ``envs.reset`` (slot i is seeded with ``seed + i``).
+        autocast: a context-manager factory the policy's forward runs under.
+        timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
+
+    Returns:
+        A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
+        L = ``max_prompt_tokens + T``:
+        ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
+        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward`` ``(B, T)`` and ``mask``
+        ``(B, T)`` (True on the response's tokens); ``rm_score``, ``score_reward``,
+        ``gold_score``, ``response_length``, ``length_capped`` ``(B,)``; ``prompt`` and
+        ``response`` text (non-tensor).
+    """
+    _check_envs(envs)
+    start = time.perf_counter()
+    base = envs.unwrapped
+    n, T = envs.num_envs, base.max_new_tokens
+    running = _start_mask(n, num_episodes)
+    options: dict[str, Any] = {"reset_mask": running}
+    if prompts is not None:
+        options["prompt"] = list(prompts)
+    policy.reset()
+    obs, _ = envs.reset(seed=seed, options=options)
+    buf = _Buffers(n, T, obs["input_ids"].shape[1])
+    policy_seconds = 0.0
+    while running.any():
+        tp = time.perf_counter()
+        with autocast():
+            actions, logps = policy.act(obs)
+        policy_seconds += time.perf_counter() - tp
+        actions = _as_numpy(actions).astype(np.int64)
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
+        buf.finish(ended, obs, info)
+        running &= ~ended
+    if timing is not None:
+        timing.update(seconds=time.perf_counter() - start, policy_seconds=policy_seconds)
+    return buf.tensordict(int(_start_mask(n, num_episodes).sum()))
+
+
+class _Buffers:
+    """Host arrays of one collection, written slot by slot as tokens and finished episodes come in."""
+
+    def __init__(self, n: int, T: int, L: int):
+        self.length = np.zeros(n, dtype=np.int64)
+        self.per_token = {k: np.zeros((n, T), dtype=d) for k, d in
+                          (("action", np.int64), ("sample_log_prob", np.float32), ("ref_logprob", np.float32),
+                           ("env_reward", np.float32))}  # fmt: skip
+        self.obs = {k: np.zeros((n, L), dtype=np.int64) for k in ("input_ids", "attention_mask")}
+        self.final = {k: np.zeros(n, dtype=d) for k, d in FINAL_INFO_KEYS.items()}
+        self.text = {k: [""] * n for k in ("prompt", "response")}
+
+    def record(self, running, actions, logps, ref_logprob, reward, done) -> np.ndarray:
+        """Write the step of the running slots; return the mask of those that ended on it."""
+        rows = np.flatnonzero(running)
+        t = self.length[rows]
+        for key, values in (("action", actions), ("sample_log_prob", logps), ("ref_logprob", ref_logprob),
+                            ("env_reward", reward)):  # fmt: skip
+            self.per_token[key][rows, t] = values[rows]
+        self.length[rows] += 1
+        return running & done
+
+    def finish(self, ended: np.ndarray, obs: dict, info: dict) -> None:
+        for s in np.flatnonzero(ended):
+            for key in self.obs:
+                self.obs[key][s] = obs[key][s]
+            for key in self.final:
+                self.final[key][s] = info[key][s]
+            for key in self.text:
+                self.text[key][s] = info[key][s]
+
+    def tensordict(self, b: int) -> TensorDict:
+        T = self.per_token["action"].shape[1]
+        data = {k: torch.as_tensor(v[:b]) for k, v in {**self.per_token, **self.obs, **self.final}.items()}
+        data["mask"] = torch.as_tensor(np.arange(T)[None, :] < self.length[:b, None])  # (B, T)
+        td = TensorDict(data, batch_size=[b])
+        for key, values in self.text.items():
+            td[key] = NonTensorStack.from_list(values[:b])
+        return td
