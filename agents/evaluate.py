@@ -1,8 +1,9 @@
-"""Evaluate a policy on the eval prompts: RM score, gold score, KL to π_ref, RLHF objective, diversity.
+"""Evaluate any policy on the eval prompts: RM score, gold score, KL to π_ref, RLHF objective, diversity.
 
-One evaluator for every algorithm (the PPO agent, SB3, the benchmark's baselines): a policy is
-anything with ``act(obs) -> (actions (N,), log-probs (N,))`` and ``reset()``, built for the eval
-env by a factory; a model folder gets the cached :class:`textgym.policies.LMPolicy`.
+One evaluator for every algorithm (the PPO agent, REINFORCE, SB3, the benchmark's baselines): a
+policy is anything with ``act(obs) -> (actions (N,), log-probs (N,))`` and ``reset()``, built for
+the eval env by a factory; a model folder gets the cached :class:`textgym.policies.LMSampler`.
+Episodes come from :func:`textgym.episodes.collect_episodes`, the one episode loop.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 
 import textgym  # noqa: F401
 from textgym.envs import load_prompts
+from textgym.episodes import collect_episodes
 from textgym.models import EVAL_PROMPTS, load_causal_lm
-from textgym.policies import LMPolicy
+from textgym.policies import LMSampler
 
 __all__ = ["distinct_n", "evaluate", "format_eval"]
 
@@ -29,9 +31,31 @@ def distinct_n(responses: list[list[int]], n: int) -> float:
     return len(set(grams)) / max(1, len(grams))
 
 
+def _policy(envs, policy, policy_factory, seed: int, temperature: float, device: str):
+    if policy_factory is not None:
+        return policy_factory(envs)
+    base = envs.unwrapped
+    policy_model = base.model if policy is None else load_causal_lm(policy, device=device, name="policy")
+    generator = torch.Generator(device=policy_model.device).manual_seed(seed)
+    return LMSampler.for_env(policy_model, envs, temperature=temperature, generator=generator)
+
+
+def _rows(episodes, prompt_len: int) -> list[dict]:
+    """One dict per episode: scores, text, response ids and the sequence's KL estimate."""
+    kl = ((episodes["sample_log_prob"] - episodes["ref_logprob"]) * episodes["mask"]).sum(1)  # (B,)
+    rows = []
+    for i in range(episodes.batch_size[0]):
+        n = int(episodes["response_length"][i])
+        rows.append({"prompt": episodes["prompt"][i], "response": episodes["response"][i], "kl": float(kl[i]),
+                     "ids": episodes["input_ids"][i, prompt_len : prompt_len + n].tolist(),
+                     **{k: episodes[k][i].item() for k in ("rm_score", "score_reward", "gold_score",
+                                                            "response_length")}})  # fmt: skip
+    return rows
+
+
 @torch.no_grad()
 def evaluate(
-    model: str | None = None,
+    policy: str | None = None,
     *,
     policy_factory: Callable[[Any], Any] | None = None,
     episodes: int = 128,
@@ -44,57 +68,45 @@ def evaluate(
     """Sample ``episodes`` responses on the eval prompts and score them.
 
     Args:
-        model: a causal-LM folder sampled with :class:`LMPolicy` (default: π_ref itself).
-        policy_factory: instead of ``model``: ``factory(envs)`` returns the policy to evaluate.
+        policy: a causal-LM folder sampled with :class:`LMSampler` (default: π_ref itself).
+        policy_factory: instead of ``policy``: ``factory(envs)`` returns the policy to evaluate.
+            Pass the env arguments the policy was trained with (``action_mask_top_p`` for a
+            masked policy, ``kl_coef`` = its β): every policy is evaluated as it was trained.
         episodes, num_envs, seed, temperature, device: sampling settings; the eval prompts are
             taken in order (cycled) so every policy answers the same prompts.
-        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the eval split).
+        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the eval split;
+            ``model`` is π_ref).
 
     KL to π_ref per sequence is Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over the sampled tokens
-    (the k1 estimate, unbiased under π); the objective is score − β·KL with the env's β.
+    (the k1 estimate, unbiased under π); the objective is score − β·KL with the env's β
+    (``kl_coef`` in the result).
 
     Returns:
         ``rm_score``, ``score`` (normalised), ``gold_score``, ``kl``, ``objective``,
-        ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``seconds``,
-        ``episodes``; ``samples``: the first episodes' prompt, response and scores.
+        ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
+        ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
     env_kwargs.setdefault("prompts", str(EVAL_PROMPTS))
+    num_envs = min(num_envs, episodes)
     envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        device=device, **env_kwargs)  # fmt: skip
+                        autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip
     base = envs.unwrapped
-    cols = base.max_prompt_tokens  # response token k sits at column cols + k
-    if policy_factory is not None:
-        policy = policy_factory(envs)
-    else:
-        policy_model = base.model if model is None else load_causal_lm(model, device=device, name="model")
-        generator = torch.Generator(device=policy_model.device).manual_seed(seed)
-        policy = LMPolicy.for_env(policy_model, envs, temperature=temperature, generator=generator)
+    sampler = _policy(envs, policy, policy_factory, seed, temperature, device)
     prompts = load_prompts(env_kwargs["prompts"])
     start = time.perf_counter()
     rows: list[dict] = []
     while len(rows) < episodes:
-        batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(num_envs)]
-        obs, _ = envs.reset(seed=seed, options={"prompt": batch})
-        policy.reset()
-        kl = np.zeros(num_envs)
-        done = np.zeros(num_envs, dtype=bool)
-        final: list[dict | None] = [None] * num_envs
-        while not done.all():
-            a, lp = policy.act(obs)
-            obs, _, term, trunc, info = envs.step(np.asarray(a.cpu() if torch.is_tensor(a) else a))
-            live = ~done
-            kl[live] += np.asarray(lp.cpu() if torch.is_tensor(lp) else lp)[live] - info["ref_logprob"][live]
-            for i in np.flatnonzero((term | trunc) & live):
-                final[i] = {k: info[k][i] for k in ("rm_score", "score_reward", "gold_score", "prompt",
-                                                     "response", "response_length")}  # fmt: skip
-                final[i]["ids"] = obs["input_ids"][i, cols : cols + final[i]["response_length"]].tolist()
-                final[i]["kl"] = float(kl[i])
-            done |= term | trunc
-        rows.extend(final)
+        k = min(num_envs, episodes - len(rows))
+        batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
+        done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows))
+        rows.extend(_rows(done, base.max_prompt_tokens))
     seconds = time.perf_counter() - start
-    rows = rows[:episodes]
     beta = base.kl_coef
     envs.close()
+    return _summary(rows, beta, seconds)
+
+
+def _summary(rows: list[dict], beta: float, seconds: float) -> dict[str, Any]:
     for r in rows:
         r["objective"] = r["score_reward"] - beta * r["kl"]
 
@@ -107,6 +119,7 @@ def evaluate(
     result: dict[str, Any] = {key: stat(src) for key, src in names.items()}
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
+    result["kl_coef"] = beta
     result["seconds"] = seconds
     result["episodes"] = len(rows)
     result["samples"] = [

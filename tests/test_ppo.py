@@ -10,8 +10,9 @@ import torch
 from textgym.agents.ppo import PPOConfig, Trainer, train
 from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.kl import AdaptiveKLController
-from textgym.agents.ppo.models import LMHead
-from textgym.agents.ppo.rollout import collect, compute_advantages, per_token_rewards
+from textgym.agents.ppo.models import TokenLogits, TokenValues, ppo_diagnostics
+from textgym.agents.ppo.rollout import compute_advantages, per_token_rewards, sequence_batch
+from textgym.episodes import collect_episodes
 
 
 def tiny(tmp_path, **changes) -> PPOConfig:
@@ -62,13 +63,6 @@ def test_per_token_reward_is_the_seed_formula():
     torch.testing.assert_close(r2, torch.tensor([[-0.2, 0.0]]))
 
 
-def test_k3_estimator_is_nonnegative_and_zero_at_equality():
-    logp = torch.tensor([[-1.0, -2.0, -0.5]])
-    ref = torch.tensor([[-3.0, -2.0, -0.1]])
-    _, kl = per_token_rewards(torch.zeros(1, 3), logp, ref, torch.ones(1, 3, dtype=torch.bool), 0.1, 0.1, "k3")
-    assert (kl >= 0).all() and kl[0, 1] == 0
-
-
 def test_adaptive_kl_controller():
     ctl = AdaptiveKLController(0.1, target=6.0, horizon=10000)
     ctl.update(12.0, 1000)  # error clipped at +0.2
@@ -83,8 +77,10 @@ def test_config_rejects_bad_values():
         PPOConfig(num_envs=0)
     with pytest.raises(ValueError, match="num_minibatches"):
         PPOConfig(num_envs=10, num_minibatches=3)
-    with pytest.raises(ValueError, match="kl_estimator='k9'"):
-        PPOConfig(kl_estimator="k9")
+    with pytest.raises(ValueError, match="kl_penalty='k3_reward' is not one of .*only k1 belongs in a reward"):
+        PPOConfig(kl_penalty="k3_reward")
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        PPOConfig(precision="fp8")
     with pytest.raises(ValueError, match="target_kl=-1"):
         PPOConfig(target_kl=-1)
     assert PPOConfig(total_episodes=130, num_envs=64).num_iterations == 3
@@ -98,22 +94,18 @@ def trainer(tmp_path_factory):
 
 
 def _batch(trainer):
-    trainer.sampler.reset()
-    batch = collect(trainer.envs, trainer.sampler, seed=0, autocast=trainer.autocast)
-    data = batch.data
+    data = sequence_batch(collect_episodes(trainer.envs, trainer.sampler, seed=0))
     beta = trainer.envs.unwrapped.kl_coef
     data["reward"], _ = per_token_rewards(data["env_reward"], data["sample_log_prob"], data["ref_logprob"],
                                           data["mask"], beta, beta)  # fmt: skip
-    from textgym.agents.ppo.models import ValueHead
-
-    compute_advantages(data, ValueHead(trainer.critic, trainer.envs.unwrapped.max_prompt_tokens), 1.0, 0.95)
+    compute_advantages(data, TokenValues(trainer.critic, trainer.envs.unwrapped.max_prompt_tokens), 1.0, 0.95)
     return data
 
 
 def test_rollout_logprobs_equal_teacher_forced_logprobs(trainer):
     """The cached sampling log-probs equal one forward over the finished sequences (off-by-one check)."""
     data = _batch(trainer)
-    head = LMHead(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens, trainer.cfg.temperature)
+    head = TokenLogits(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens, trainer.cfg.temperature)
     with torch.no_grad():
         logits = head(data["sequence"], data["sequence_mask"])  # (B, T, V)
     tf = torch.log_softmax(logits, -1).gather(-1, data["action"].unsqueeze(-1)).squeeze(-1)
@@ -127,7 +119,7 @@ def test_rollout_logprobs_equal_teacher_forced_logprobs(trainer):
 def test_clipped_objective_on_known_ratio_and_advantage(trainer, rho, adv, expected):
     data = _batch(trainer)[:1]
     with torch.no_grad():
-        logits = LMHead(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens)(data["sequence"],
+        logits = TokenLogits(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens)(data["sequence"],
                                                                                   data["sequence_mask"])  # fmt: skip
     logp = torch.log_softmax(logits, -1).gather(-1, data["action"].unsqueeze(-1)).squeeze(-1)
     only_first = torch.zeros_like(data["mask"])
@@ -141,7 +133,7 @@ def test_clipped_objective_on_known_ratio_and_advantage(trainer, rho, adv, expec
 
 def test_clipped_objective_never_exceeds_one_plus_eps_times_a(trainer):
     data = _batch(trainer)[:1]
-    head = LMHead(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens)
+    head = TokenLogits(trainer.policy, trainer.envs.unwrapped.max_prompt_tokens)
     with torch.no_grad():
         logp = torch.log_softmax(head(data["sequence"], data["sequence_mask"]), -1)
         logp = logp.gather(-1, data["action"].unsqueeze(-1)).squeeze(-1)
@@ -183,8 +175,44 @@ def test_parameters_change_after_one_iteration(tmp_path):
         "explained_variance",
         "response_length",
         "tokens_per_s",
+        "logprob_mismatch",
     ):
         assert key in row and math.isfinite(row[key]), key
+    assert row["env_steps"] == row["response_length"] * t.cfg.num_envs  # one env step per generated token
+
+
+def test_first_minibatch_has_ratio_one_under_bf16_autocast(tmp_path):
+    """log π_old is recomputed in the update's precision: sampled fp32 log-probs would differ under bf16."""
+    t = Trainer.create(tiny(tmp_path, precision="bf16", num_envs=16, max_new_tokens=8, ppo_epochs=1))
+    first = {}
+    orig = t.loss.forward
+
+    def spy(td):
+        out = orig(td)
+        if not first:
+            first.update(ppo_diagnostics(t._last_logits[-1], td["action"], td["sample_log_prob"], td["mask"],
+                                         t.cfg.clip_epsilon))  # fmt: skip
+        return out
+
+    t.loss.forward = spy
+    row = t.iteration()
+    assert row["logprob_mismatch"] > 1e-3, "bf16 and fp32 log-probs should differ, else the test shows nothing"
+    assert first["clip_fraction"] == 0.0 and first["approx_kl"] < 1e-6, first
+
+
+@pytest.mark.parametrize("kl_penalty", ["k2_loss", "k3_loss"])
+def test_loss_side_kl_penalty_enters_the_loss_not_the_reward(tmp_path, kl_penalty):
+    t = Trainer.create(tiny(tmp_path, kl_penalty=kl_penalty, learning_rate=1e-3))
+    row = t.iteration()
+    assert "kl_loss" in row and math.isfinite(row["kl_loss"]) and row["kl_loss"] >= 0
+    row = t.iteration()
+    assert row["kl_loss"] > 0  # the policy moved away from π_ref after one update
+
+
+def test_an_iteration_on_fewer_episodes_than_slots(tmp_path):
+    t = Trainer.create(tiny(tmp_path))
+    row = t.iteration(num_episodes=3)  # the benchmark's last batch: what is left of the budget
+    assert row["episodes"] == 3 and row["env_steps"] == round(row["response_length"] * 3)
 
 
 # ---------------------------------------------------------------- runs

@@ -28,6 +28,14 @@ def _check_same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
 def kl_penalty(logprob: Tensor, ref_logprob: Tensor, estimator: str = "k1") -> Tensor:
     """Per-token estimate of KL(π ‖ π_ref) from log-probs of tokens sampled from π.
 
+    The value's expectation is one thing, the expected *gradient* of using it another
+    ("A Comedy of Estimators", arXiv 2512.21852; all tested on an exact categorical):
+
+    - as a reward (a constant to the policy gradient, E_π[∇log π · k]): k1 gives exactly
+      ∇KL(π‖π_ref); k2 and k3 do not — never put them in a reward;
+    - as a loss term with its gradient through ``logprob`` (samples held fixed, E_π[∇k]): k1
+      gives 0, k2 gives ∇KL(π‖π_ref), k3 gives ∇KL(π_ref‖π) (the reverse KL; GRPO's term).
+
     Args:
         logprob: log π(a_t | s_t) of the sampled tokens, any shape.
         ref_logprob: log π_ref(a_t | s_t), same shape.

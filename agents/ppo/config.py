@@ -7,7 +7,11 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["PPOConfig", "PRESETS", "add_config_args", "config_from_args"]
+from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
+
+__all__ = ["KL_PENALTIES", "PPOConfig", "PRESETS", "add_config_args", "config_from_args"]
+
+KL_PENALTIES = ("k1_reward", "k2_loss", "k3_loss")
 
 
 @dataclass
@@ -27,10 +31,18 @@ class PPOConfig:
         prompts: train prompts (list file or default set).
         max_new_tokens: response length cap of the env.
         missing_eos_penalty: env penalty for truncated responses.
-        kl_coef: initial β.
+        kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
         target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed.
         kl_horizon: horizon (in episodes) of the adaptive controller (Ziegler et al., 2019).
-        kl_estimator: ``k1`` (default) or ``k3`` per-token KL in the reward.
+        kl_penalty: how β·KL(π‖π_ref) enters: ``k1_reward`` (default: −β·log(π_old/π_ref) in each
+            token's reward; its expected gradient is exactly that of the KL-regularised
+            objective), ``k2_loss`` (β·mean ½·log²(π/π_ref) in the loss, with its gradient: the
+            gradient of the per-token forward KL(π‖π_ref) at the visited states) or ``k3_loss``
+            (β·mean of (π_ref/π − 1) − log(π_ref/π) in the loss, as GRPO: the gradient of the
+            per-token reverse KL(π_ref‖π)).
+        precision: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (autocast
+            for the rollout's and the update's forwards; fp32 weights, optimizer state, logits
+            and log-softmax; log π_old is recomputed in the update's precision).
         temperature: sampling temperature of the rollout (and of the update's log-probs).
         learning_rate, critic_learning_rate: AdamW step sizes of policy and critic.
         ppo_epochs: passes over each rollout.
@@ -56,10 +68,11 @@ class PPOConfig:
     prompts: str | None = None
     max_new_tokens: int = 32
     missing_eos_penalty: float = 0.0
-    kl_coef: float = 0.05
+    kl_coef: float = DEFAULT_KL_COEF
     target_kl: float | None = 6.0
     kl_horizon: int = 10000
-    kl_estimator: str = "k1"
+    kl_penalty: str = "k1_reward"
+    precision: str = "auto"
     temperature: float = 1.0
     learning_rate: float = 1e-4
     critic_learning_rate: float = 3e-4
@@ -89,7 +102,8 @@ class PPOConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a finite float > 0")
-        for name in ("kl_coef", "critic_coef", "missing_eos_penalty"):
+        check_kl_coef(self.kl_coef)
+        for name in ("critic_coef", "missing_eos_penalty"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a finite float >= 0")
@@ -100,8 +114,13 @@ class PPOConfig:
             raise ValueError(f"target_kl={self.target_kl!r} must be a float > 0 or None (fixed kl_coef)")
         if self.clip_value is not None and not self.clip_value > 0:
             raise ValueError(f"clip_value={self.clip_value!r} must be > 0 or None")
-        if self.kl_estimator not in ("k1", "k3"):
-            raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of 'k1', 'k3'")
+        if self.kl_penalty not in KL_PENALTIES:
+            raise ValueError(
+                f"kl_penalty={self.kl_penalty!r} is not one of {KL_PENALTIES}: only k1 belongs in a reward "
+                "(k2/k3 as rewards have the wrong expected gradient); k2/k3 enter the loss with their gradient"
+            )
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ValueError(f"precision={self.precision!r} is not one of 'auto', 'fp32', 'bf16'")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device={self.device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
         if self.num_envs % self.num_minibatches:

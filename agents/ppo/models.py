@@ -26,7 +26,7 @@ from textgym.functional import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LMHead", "ValueHead", "make_actor", "make_critic", "make_loss", "ppo_diagnostics"]
+__all__ = ["TokenLogits", "TokenValues", "make_actor", "make_critic", "make_loss", "ppo_diagnostics"]
 
 
 def _first_step(seq: torch.Tensor) -> torch.Tensor:
@@ -34,8 +34,8 @@ def _first_step(seq: torch.Tensor) -> torch.Tensor:
     return seq[:, 0] if seq.dim() == 3 else seq
 
 
-class LMHead(nn.Module):
-    """Policy logits of every response token from one teacher-forced forward.
+class TokenLogits(nn.Module):
+    """Wraps the whole policy LM: the logits of every response token from one teacher-forced forward.
 
     Returns ``(B, T, V)`` logits (divided by the sampling temperature): the logit at column
     ``P − 1 + t`` is the distribution of response token t (the off-by-one between logits and
@@ -54,8 +54,8 @@ class LMHead(nn.Module):
         return out.logits[:, self.prompt_len - 1 : -1].float() / self.temperature  # (B, T, V)
 
 
-class ValueHead(nn.Module):
-    """V(s_t) for every response position from one forward of a token-classification model."""
+class TokenValues(nn.Module):
+    """Wraps the whole critic: V(s_t) for every response position from one forward of a token-classification model."""
 
     def __init__(self, model: nn.Module, prompt_len: int):
         super().__init__()
@@ -121,22 +121,23 @@ def make_loss(
     clip_epsilon: float,
     clip_value: float | None,
     critic_coef: float,
-) -> tuple[ClipPPOLoss, LMHead]:
+) -> tuple[ClipPPOLoss, TokenLogits]:
     """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding.
 
-    Returns the loss and its :class:`LMHead` (hook it to read the logits of the last call, for
-    :func:`ppo_diagnostics`: ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics).
+    Returns the loss and its :class:`TokenLogits` (hook it to read the logits of the last call, for
+    :func:`ppo_diagnostics` — ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics — and
+    for a loss-side KL term, which needs their gradient).
     """
     from torch.distributions import Categorical
 
-    head = LMHead(policy, prompt_len, temperature)
+    head = TokenLogits(policy, prompt_len, temperature)
     actor = ProbabilisticActor(
         TensorDictModule(head, ["sequence", "sequence_mask"], ["logits"]),
         in_keys=["logits"],
         distribution_class=Categorical,
         return_log_prob=True,
     )
-    value = ValueOperator(ValueHead(critic, prompt_len), in_keys=["sequence", "sequence_mask"])
+    value = ValueOperator(TokenValues(critic, prompt_len), in_keys=["sequence", "sequence_mask"])
     loss = ClipPPOLoss(
         actor,
         value,

@@ -1,100 +1,34 @@
-"""Rollout through the native vector env, per-token rewards, and GAE.
+"""From complete episodes to the PPO update's layout: per-token rewards, and GAE.
 
-Why not a TorchRL collector: RLHF needs exactly one *complete* episode per slot per iteration
-(the reward-model score comes at its end) laid out episode by episode, so that the update runs
-one teacher-forced forward per sequence. TorchRL's collectors hand out fixed-length time slices
-with auto-reset, which cut episodes across batches. So this loop drives the Gymnasium vector
-env directly and produces the TensorDict that TorchRL's ``ClipPPOLoss`` and GAE consume.
+Episodes come from :func:`textgym.episodes.collect_episodes`, the one episode loop; this module
+lays them out for TorchRL's ``ClipPPOLoss`` and GAE.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 from tensordict import TensorDict
 from torchrl.objectives.value.functional import generalized_advantage_estimate
 
-from textgym.functional import kl_penalty, masked_mean, masked_whiten
-from textgym.policies import LMPolicy
+from textgym.functional import masked_mean, masked_whiten
 
-__all__ = ["EpisodeBatch", "collect", "per_token_rewards", "compute_advantages"]
+__all__ = ["compute_advantages", "explained_variance", "per_token_rewards", "sequence_batch"]
 
-
-@dataclass
-class EpisodeBatch:
-    """One rollout: a ``(B, T)`` TensorDict plus per-episode scores and timing."""
-
-    data: TensorDict
-    rm_score: np.ndarray
-    score_reward: np.ndarray
-    gold_score: np.ndarray
-    seconds: float
-    policy_seconds: float
+PER_TOKEN_KEYS = ("action", "sample_log_prob", "ref_logprob", "env_reward", "mask")
 
 
-def collect(envs, sampler: LMPolicy, seed: int | None = None, autocast=contextlib.nullcontext) -> EpisodeBatch:
-    """Run one episode in every slot of a NEXT_STEP-autoreset vector env.
+def sequence_batch(episodes: TensorDict) -> TensorDict:
+    """``(B,)`` episodes → the ``(B, T)`` update layout.
 
-    A slot that finishes early is reset by the env on its next step; what it does after that
-    is not recorded (it is cheap: a prefill and a few tokens).
+    Per-token fields become the batch's columns; the finished sequence (``(B, L)``) is expanded
+    along T as a view (not T copies), so the actor and critic run ONE forward per sequence.
     """
-    start = time.perf_counter()
-    base = envs.unwrapped
-    n, T, P = envs.num_envs, base.max_new_tokens, base.max_prompt_tokens
-    actions = np.zeros((n, T), dtype=np.int64)
-    logps = torch.zeros(n, T, device=sampler.device)  # stays on the device: no per-token copy
-    ref = np.zeros((n, T), dtype=np.float32)
-    rewards = np.zeros((n, T), dtype=np.float32)
-    length = np.zeros(n, dtype=np.int64)
-    finished = np.zeros(n, dtype=bool)
-    seq = np.zeros((n, P + T), dtype=np.int64)
-    seq_mask = np.zeros((n, P + T), dtype=np.int64)
-    scores = {k: np.zeros(n) for k in ("rm_score", "score_reward", "gold_score")}
-    obs, _ = envs.reset(seed=seed)
-    rows = np.arange(n)
-    policy_seconds = 0.0
-    while not finished.all():
-        tp = time.perf_counter()
-        with autocast():
-            a, lp = sampler.act(obs)
-        policy_seconds += time.perf_counter() - tp
-        a_host = a.cpu().numpy()  # the one host copy per token: the action the env needs
-        obs, r, terminated, truncated, info = envs.step(a_host)
-        live = rows[~finished]
-        t = length[live]
-        actions[live, t] = a_host[live]
-        live_t = torch.as_tensor(live, device=logps.device)
-        logps[live_t, torch.as_tensor(t, device=logps.device)] = lp.float()[live_t]
-        ref[live, t] = info["ref_logprob"][live]
-        rewards[live, t] = r[live]
-        length[live] += 1
-        ended = live[(terminated | truncated)[live]]
-        if not ended.size:
-            continue
-        seq[ended], seq_mask[ended] = obs["input_ids"][ended], obs["attention_mask"][ended]
-        for k in scores:
-            scores[k][ended] = info[k][ended]
-        finished[ended] = True
-    mask = np.arange(T)[None, :] < length[:, None]
-    sequence = torch.as_tensor(seq)
-    data = TensorDict(
-        {
-            "sequence": sequence.unsqueeze(1).expand(n, T, P + T),  # a view, not T copies
-            "sequence_mask": torch.as_tensor(seq_mask).unsqueeze(1).expand(n, T, P + T),
-            "action": torch.as_tensor(actions),
-            "sample_log_prob": logps.cpu(),
-            "ref_logprob": torch.as_tensor(ref),
-            "env_reward": torch.as_tensor(rewards),
-            "mask": torch.as_tensor(mask),
-        },
-        batch_size=[n, T],
-    )
-    return EpisodeBatch(data, scores["rm_score"], scores["score_reward"], scores["gold_score"],
-                        time.perf_counter() - start, policy_seconds)  # fmt: skip
+    B, T = episodes["action"].shape
+    seq, seq_mask = episodes["input_ids"], episodes["attention_mask"]
+    data = {k: episodes[k] for k in PER_TOKEN_KEYS}
+    data["sequence"] = seq.unsqueeze(1).expand(B, T, seq.shape[-1])  # (B, T, L)
+    data["sequence_mask"] = seq_mask.unsqueeze(1).expand(B, T, seq.shape[-1])
+    return TensorDict(data, batch_size=[B, T])
 
 
 def per_token_rewards(
@@ -104,26 +38,27 @@ def per_token_rewards(
     mask: torch.Tensor,
     env_kl_coef: float,
     kl_coef: float,
-    estimator: str = "k1",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seed's per-token reward r̂_t = −β·KL_t (+ score at the last token), from the env reward.
+    """The seed's per-token reward r̂_t = score_t − β·(log π_old − log π_ref), from the env reward.
 
     The env pays r_t = β_env·log π_ref(a_t|s_t) (+ score − penalty at the end), so
-    score_t = r_t − β_env·log π_ref, and r̂_t = score_t − β·kl(log π_old, log π_ref). With the
-    k1 estimator and β = β_env this is r_t − β·log π_old(a_t|s_t).
+    score_t = r_t − β_env·log π_ref, and with β = β_env, r̂_t = r_t − β·log π_old(a_t|s_t).
+    Only the k1 estimate belongs in a reward: a reward is a constant to the policy gradient,
+    and E_π[∇log π · k1] = ∇KL(π‖π_ref) exactly, while k2/k3 as rewards have other expected
+    gradients (Schulman 2020; "A Comedy of Estimators", arXiv 2512.21852). ``kl_coef = 0``
+    gives the score alone, for a loss-side KL term.
 
     Args:
         env_reward, logprob, ref_logprob, mask: ``(B, T)``.
         env_kl_coef: the β the env used for this rollout.
-        kl_coef: β of the per-token penalty (the same, normally).
-        estimator: ``"k1"`` or ``"k3"``.
+        kl_coef: β of the per-token penalty (the same, or 0 when the KL is a loss term).
 
     Returns:
-        ``(B, T)`` rewards (0 on padding) and the ``(B, T)`` per-token KL estimate.
+        ``(B, T)`` rewards (0 on padding) and the ``(B, T)`` per-token log-ratio log π_old − log π_ref.
     """
-    kl = kl_penalty(logprob, ref_logprob, estimator) * mask
+    log_ratio = (logprob - ref_logprob) * mask
     score = (env_reward - env_kl_coef * ref_logprob) * mask
-    return (score - kl_coef * kl) * mask, kl
+    return (score - kl_coef * log_ratio) * mask, log_ratio
 
 
 @torch.no_grad()

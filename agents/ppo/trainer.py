@@ -19,16 +19,20 @@ import numpy as np
 import torch
 
 import textgym  # noqa: F401  (registers TextRLHF-v0)
+from textgym.episodes import collect_episodes
+from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import resolve_device
-from textgym.policies import LMPolicy
+from textgym.policies import LMSampler
 from textgym.utils import save_folder_atomically
 
 from .config import PPOConfig
 from .kl import make_kl_controller
-from .models import ValueHead, make_actor, make_critic, make_loss, ppo_diagnostics
-from .rollout import collect, compute_advantages, explained_variance, per_token_rewards
+from .models import TokenLogits, TokenValues, make_actor, make_critic, make_loss, ppo_diagnostics
+from .rollout import compute_advantages, explained_variance, per_token_rewards, sequence_batch
 
-__all__ = ["Trainer", "train"]
+__all__ = ["RUN_INFO", "Trainer", "train"]
+
+RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 
 
 @dataclass
@@ -40,12 +44,15 @@ class Trainer:
     policy: torch.nn.Module
     critic: torch.nn.Module
     loss: Any
+    actor_logits: TokenLogits
     optimizer: torch.optim.Optimizer
     kl_ctl: Any
-    sampler: LMPolicy
+    sampler: LMSampler
     device: torch.device
     iteration_done: int = 0
-    _last_logits: list = field(default_factory=list)  # the LM head's output of the last loss call
+    episodes_done: int = 0
+    env_steps: int = 0  # tokens generated in training episodes: what every algorithm is charged
+    _last_logits: list = field(default_factory=list)  # the policy logits of the last loss call
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -58,15 +65,15 @@ class Trainer:
             "TextRLHF-v0",
             num_envs=cfg.num_envs,
             vectorization_mode="vector_entry_point",
-            autoreset_mode="next_step",
+            autoreset_mode="disabled",  # one complete episode per slot (collect_episodes)
             device=device,
             **cfg.env_kwargs(),
         )
         base = envs.unwrapped
         policy = make_actor(base.model)
         critic = make_critic(base.reward_model, policy)
-        loss, lm_head = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
-                         cfg.clip_value, cfg.critic_coef)  # fmt: skip
+        loss, actor_logits = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
+                                       cfg.clip_value, cfg.critic_coef)  # fmt: skip
         optimizer = torch.optim.AdamW(
             [
                 {"params": list(policy.parameters()), "lr": cfg.learning_rate},
@@ -75,81 +82,114 @@ class Trainer:
             eps=1e-5,
         )
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        sampler = LMPolicy.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
+        sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-        trainer = cls(cfg, envs, policy, critic, loss, optimizer, kl_ctl, sampler, device)
-        lm_head.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output.detach()))
+        trainer = cls(cfg, envs, policy, critic, loss, actor_logits, optimizer, kl_ctl, sampler, device)
+        actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
         return trainer
 
     def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        """bf16 autocast for the forwards when ``precision`` asks (``auto``: on CUDA only)."""
+        bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and self.device.type == "cuda")
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ one iteration
-    def iteration(self) -> dict[str, float]:
+    def iteration(self, num_episodes: int | None = None) -> dict[str, float]:
+        """Rollout → advantages → update on ``num_episodes`` episodes (default: one per env slot)."""
         cfg, base = self.cfg, self.envs.unwrapped
         t0 = time.perf_counter()
 
         # -- rollout: the policy samples with its own KV cache, the env scores with π_ref and r_φ
         beta = self.kl_ctl.value
         base.kl_coef = beta
-        self.sampler.reset()
-        batch = collect(self.envs, self.sampler, seed=cfg.seed if self.iteration_done == 0 else None,
-                        autocast=self.autocast)  # fmt: skip
-        data = batch.data.to(self.device)
+        timing: dict[str, float] = {}
+        episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, autocast=self.autocast,
+                                    seed=cfg.seed if self.iteration_done == 0 else None, timing=timing)  # fmt: skip
+        data = sequence_batch(episodes).to(self.device)
+
+        # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
+        sampled = data["sample_log_prob"]
+        data["sample_log_prob"] = self._old_logprobs(data)
+        mismatch = ((data["sample_log_prob"] - sampled).abs() * data["mask"]).max().item()
 
         # -- per-token KL-penalised rewards and GAE (one critic forward per sequence)
-        reward, kl = per_token_rewards(data["env_reward"], data["sample_log_prob"], data["ref_logprob"],
-                                       data["mask"], beta, beta, cfg.kl_estimator)  # fmt: skip
+        in_reward = beta if cfg.kl_penalty == "k1_reward" else 0.0
+        reward, log_ratio = per_token_rewards(data["env_reward"], data["sample_log_prob"], data["ref_logprob"],
+                                              data["mask"], beta, in_reward)  # fmt: skip
         data["reward"] = reward
-        value_fn = ValueHead(self.critic, base.max_prompt_tokens)
         with self.autocast():
-            compute_advantages(data, value_fn, cfg.gamma, cfg.lmbda, cfg.whiten_rewards)
+            compute_advantages(data, TokenValues(self.critic, base.max_prompt_tokens), cfg.gamma, cfg.lmbda,
+                               cfg.whiten_rewards)  # fmt: skip
         t1 = time.perf_counter()
 
         # -- PPO update: epochs × minibatches of whole sequences
-        stats = self._update(data)
+        stats = self._update(data, beta)
         t2 = time.perf_counter()
 
         # -- KL control and diagnostics
-        kl_per_seq = kl.sum(1).mean().item()
-        self.kl_ctl.update(kl_per_seq, cfg.num_envs)
+        kl_per_seq = log_ratio.sum(1).mean().item()
+        self.kl_ctl.update(kl_per_seq, data.batch_size[0])
         self.iteration_done += 1
         mask = data["mask"]
         tokens = int(mask.sum())
+        self.env_steps += tokens
+        self.episodes_done += data.batch_size[0]
         return {
             "iteration": self.iteration_done,
-            "episodes": self.iteration_done * cfg.num_envs,
-            "rm_score": float(batch.rm_score.mean()),
-            "score": float(batch.score_reward.mean()),
-            "gold_score": float(np.nanmean(batch.gold_score)) if np.isfinite(batch.gold_score).any() else float("nan"),
+            "episodes": self.episodes_done,
+            "env_steps": self.env_steps,
+            "rm_score": float(episodes["rm_score"].mean()),
+            "score": float(episodes["score_reward"].mean()),
+            "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
             "kl": kl_per_seq,
             "beta": beta,
             "response_length": float(mask.float().sum(1).mean()),
             "explained_variance": explained_variance(data["state_value"][..., 0], data["value_target"][..., 0], mask),
+            "logprob_mismatch": mismatch,
             **stats,
-            "tokens_per_s": tokens / batch.seconds,
-            "time_rollout": batch.seconds,
-            "time_policy_sampling": batch.policy_seconds,
-            "time_advantage": t1 - t0 - batch.seconds,
+            "tokens_per_s": tokens / timing["seconds"],
+            "time_rollout": timing["seconds"],
+            "time_policy_sampling": timing["policy_seconds"],
+            "time_advantage": t1 - t0 - timing["seconds"],
             "time_update": t2 - t1,
         }
 
-    def _update(self, data) -> dict[str, float]:
+    @torch.no_grad()
+    def _old_logprobs(self, data) -> torch.Tensor:
+        """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing, chunked like the update, fp32 log-softmax."""
+        out = []
+        for rows in torch.split(torch.arange(data.batch_size[0], device=self.device), self.cfg.minibatch_size):
+            mb = data[rows]
+            with self.autocast():
+                logits = self.actor_logits(mb["sequence"], mb["sequence_mask"])  # (b, T, V) fp32
+            out.append(gather_logprobs(logits, mb["action"]))
+        self._last_logits.clear()
+        return torch.cat(out) * data["mask"]
+
+    def _kl_loss(self, mb, beta: float) -> torch.Tensor:
+        """β·mean_t k(log π_θ, log π_ref) over valid tokens, with its gradient (``k2_loss``/``k3_loss``)."""
+        logp = gather_logprobs(self._last_logits[-1], mb["action"])  # (b, T), differentiable
+        per_token = kl_penalty(logp, mb["ref_logprob"], self.cfg.kl_penalty.removesuffix("_loss"))
+        return beta * masked_mean(per_token, mb["mask"])
+
+    def _update(self, data, beta: float) -> dict[str, float]:
         cfg = self.cfg
         sums: dict[str, float] = {}
         n_updates = 0
         self.policy.train(False)  # dropout stays off during PPO (N+ implementation details)
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + self.iteration_done)
+        batch = data.batch_size[0]
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(cfg.num_envs, generator=gen)
-            for start in range(0, cfg.num_envs, cfg.minibatch_size):
-                mb = data[order[start : start + cfg.minibatch_size].to(self.device)]
+            order = torch.randperm(batch, generator=gen)
+            for rows in torch.tensor_split(order, min(cfg.num_minibatches, batch)):
+                mb = data[rows.to(self.device)]
                 self._last_logits.clear()
                 with self.autocast():
                     out = self.loss(mb)
                 total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+                if cfg.kl_penalty != "k1_reward":
+                    out["loss_kl"] = self._kl_loss(mb, beta)
+                    total = total + out["loss_kl"]
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -161,8 +201,11 @@ class Trainer:
                                        cfg.clip_epsilon)  # fmt: skip
                 diag["policy_loss"] = out["loss_objective"].item()
                 diag["value_loss"] = out["loss_critic"].item()
+                if "loss_kl" in out:
+                    diag["kl_loss"] = out["loss_kl"].item()
                 for key, value in diag.items():
                     sums[key] = sums.get(key, 0.0) + value
+        self._last_logits.clear()
         return {k: v / n_updates for k, v in sums.items()}
 
     # ------------------------------------------------------------------ checkpoints
@@ -175,6 +218,8 @@ class Trainer:
             self.critic.save_pretrained(tmp / "critic")
             state = {
                 "iteration": self.iteration_done,
+                "env_steps": self.env_steps,
+                "episodes": self.episodes_done,
                 "optimizer": self.optimizer.state_dict(),
                 "kl_controller": self.kl_ctl.state_dict(),
                 "torch_rng": torch.get_rng_state(),
@@ -187,8 +232,15 @@ class Trainer:
             torch.save(state, tmp / "state.pt")
 
         save_folder_atomically(out / "checkpoint", write_checkpoint)
-        save_folder_atomically(out / "policy", lambda t: (self.policy.save_pretrained(t), tok.save_pretrained(t)))
+        save_folder_atomically(out / "policy", lambda t: (self.policy.save_pretrained(t), tok.save_pretrained(t),
+                                                          (t / RUN_INFO).write_text(json.dumps(self.run_info()))))
         save_folder_atomically(out / "value", lambda t: (self.critic.save_pretrained(t), tok.save_pretrained(t)))
+
+    def run_info(self) -> dict[str, Any]:
+        """What evaluating the saved policy needs to measure the objective it was trained on."""
+        base = self.envs.unwrapped
+        return {"kl_coef": self.kl_ctl.value, "max_new_tokens": base.max_new_tokens,
+                "temperature": self.cfg.temperature, "kl_penalty": self.cfg.kl_penalty}  # fmt: skip
 
     def load(self, ckpt: Path) -> None:
         from safetensors.torch import load_file
@@ -204,6 +256,7 @@ class Trainer:
         self.sampler.generator.set_state(state["sampler_rng"])
         self.envs.unwrapped.set_rng_state(state["env_rng"])
         self.iteration_done = state["iteration"]
+        self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
 
 
 def train(cfg: PPOConfig) -> list[dict[str, float]]:
