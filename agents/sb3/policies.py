@@ -9,8 +9,12 @@ Cost: SB3 re-encodes the whole observation every step (no KV cache): one forward
 ``max_prompt_tokens + max_new_tokens`` positions per token, where the TorchRL agent runs one
 cached forward of one token.
 
-Use ``ent_coef = kl_coef`` (β): with the env's reward β·log π_ref, an entropy bonus β makes SB3's
-objective E[score] − β·KL(π‖π_ref) in expectation (see DESIGN.md).
+For the KL-regularised objective E[score] − β·KL(π‖π_ref), train with ``ent_coef = 0`` and
+:class:`textgym.agents.sb3.KLPenaltyCallback`, which subtracts β·log π_θ(a|s) of each sampled
+token from its reward. ``ent_coef = β`` is not equivalent (see :mod:`textgym.agents.sb3.kl`).
+
+The LM body stays in eval mode, also during SB3's update (no dropout): the update's log-probs
+are then those the rollout stored, so PPO's first ratio is exactly 1.
 """
 
 from __future__ import annotations
@@ -44,6 +48,17 @@ class LMFeaturesExtractor(BaseFeaturesExtractor):
         self.body = lm.base_model
         # kept only until the policy has copied it into its action head
         self.lm_head_weight = lm.get_output_embeddings().weight.detach().clone()
+
+    def train(self, mode: bool = True) -> LMFeaturesExtractor:
+        """Switch the mode but keep the LM body in eval mode.
+
+        Why: SB3 calls ``policy.set_training_mode(True)`` before its update while rollouts run in
+        eval mode; the body's dropout (GPT-2: 0.1) would make the update's log-probs differ from
+        the stored ones, so PPO's first ratio would not be 1 (and A2C's gradient would be noisy).
+        """
+        super().train(mode)
+        self.body.eval()
+        return self
 
     def forward(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
         ids = observations["input_ids"].long()  # SB3 hands Box observations over as float
