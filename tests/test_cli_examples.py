@@ -27,14 +27,29 @@ def test_play():
     assert out.count("rm_score") == 2 and "gold" in out and "KL" in out
 
 
-def test_train_then_eval_the_result(tmp_path):
-    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8"])
+def test_train_then_eval_the_result_with_the_runs_beta(tmp_path):
+    from textgym.models import DEFAULT_LM
+
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
+         "--kl-coef", "0.2", "--target-kl", "none"])  # fmt: skip
     assert (tmp_path / "run" / "policy" / "config.json").exists()
-    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "8", "--num-envs", "8",
-               "--max-new-tokens", "6", "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--ref-model", str(DEFAULT_LM),
+               "--episodes", "8", "--num-envs", "8", "--out", str(tmp_path / "eval.json")])  # fmt: skip
     assert "pi_ref:" in out and "policy:" in out
     result = json.loads((tmp_path / "eval.json").read_text())
     assert set(result) == {"pi_ref", "policy"} and len(result["policy"]["kl"]) == 2
+    policy = result["policy"]
+    assert policy["kl_coef"] == 0.2 and result["pi_ref"]["kl_coef"] == 0.2  # the run's β, not the env default
+    assert policy["response_length"][0] <= 6  # the run's length cap
+    assert policy["objective"][0] == pytest.approx(policy["score"][0] - 0.2 * policy["kl"][0])
+
+
+def test_help_and_info_do_not_import_torchrl():
+    code = (
+        "import sys\nfrom textgym.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torchrl' not in sys.modules, 'help'\nmain(['info'])\nassert 'torchrl' not in sys.modules, 'info'"
+    )
+    assert "TextRLHF-v0" in run([sys.executable, "-c", code])
 
 
 def test_plot(tmp_path):
@@ -46,7 +61,8 @@ def test_plot(tmp_path):
 def test_bench_quick_preset(tmp_path):
     out = run([*TEXTGYM, "bench", "--quick", "--out", str(tmp_path / "bench")])
     assert "results.csv" in out
-    assert (tmp_path / "bench" / "results.md").read_text().count("\n") == 2 + 7  # header + one row per algorithm
+    table = [line for line in (tmp_path / "bench" / "results.md").read_text().splitlines() if line.startswith("|")]
+    assert len(table) == 2 + 7  # header + one row per algorithm
 
 
 def test_cli_errors_name_the_argument():

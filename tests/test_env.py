@@ -349,7 +349,7 @@ def test_any_hf_causal_lm_works_gpt2_architecture(tmp_path):
 def test_the_stored_normalisation_says_where_it_was_measured_and_warns_elsewhere():
     norm = gym.make("TextRLHF-v0").unwrapped._engine.norm
     assert (norm.max_new_tokens, norm.temperature) == (32, 1.0)
-    with pytest.warns(UserWarning, match=r"measured under π_ref at max_new_tokens=32 .* this env runs max_new_tokens=16"):
+    with pytest.warns(UserWarning, match=r"under π_ref at max_new_tokens=32 .* this env runs max_new_tokens=16"):
         gym.make("TextRLHF-v0", max_new_tokens=16)
 
 

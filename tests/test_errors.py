@@ -171,7 +171,7 @@ def test_failed_reset_mid_episode_leaves_the_episode_untouched():
             np.testing.assert_array_equal(expect[0][key], got[0][key])
         assert got[1:4] == pytest.approx(expect[1:4])
         assert got[4]["ref_logprob"] == pytest.approx(expect[4]["ref_logprob"])
-    assert got[3] and got[4]["prompt"] == "The movie was"
+    assert got[2] and got[4]["length_capped"] and got[4]["prompt"] == "The movie was"
 
 
 def test_failed_vector_reset_leaves_all_slots_untouched():

@@ -155,8 +155,13 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
     if args.prompts:
         kwargs["prompts"] = args.prompts
     mean, std = calibrate(episodes=args.episodes, seed=args.seed, **kwargs)
-    save_norm(args.reward_model, mean, std, max_new_tokens=args.max_new_tokens,
-              measured_on=f"{args.episodes} samples of pi_ref")
+    save_norm(
+        args.reward_model,
+        mean,
+        std,
+        max_new_tokens=args.max_new_tokens,
+        measured_on=f"{args.episodes} samples of pi_ref",
+    )
     print(f"reward model {args.reward_model}: mean {mean:+.4f}, std {std:.4f} under pi_ref (stored)")
 
 
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
     p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
-    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1)")
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
     p.add_argument("--num-envs", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=None)

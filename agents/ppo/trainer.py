@@ -232,8 +232,14 @@ class Trainer:
             torch.save(state, tmp / "state.pt")
 
         save_folder_atomically(out / "checkpoint", write_checkpoint)
-        save_folder_atomically(out / "policy", lambda t: (self.policy.save_pretrained(t), tok.save_pretrained(t),
-                                                          (t / RUN_INFO).write_text(json.dumps(self.run_info()))))
+        save_folder_atomically(
+            out / "policy",
+            lambda t: (
+                self.policy.save_pretrained(t),
+                tok.save_pretrained(t),
+                (t / RUN_INFO).write_text(json.dumps(self.run_info())),
+            ),
+        )
         save_folder_atomically(out / "value", lambda t: (self.critic.save_pretrained(t), tok.save_pretrained(t)))
 
     def run_info(self) -> dict[str, Any]:

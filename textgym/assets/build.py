@@ -414,8 +414,13 @@ def main() -> None:
                            prompts=str(data_out / "prompts_train.txt"), max_new_tokens=cfg.max_new_tokens)  # fmt: skip
     scores = np.array([r["rm_score"] for r in rows])
     gold_scores = np.array([r["gold_score"] for r in rows])
-    save_norm(rm_dir, float(scores.mean()), float(scores.std()), max_new_tokens=cfg.max_new_tokens,
-              measured_on=f"{len(rows)} samples of pi_ref on the train prompts")
+    save_norm(
+        rm_dir,
+        float(scores.mean()),
+        float(scores.std()),
+        max_new_tokens=cfg.max_new_tokens,
+        measured_on=f"{len(rows)} samples of pi_ref on the train prompts",
+    )
     report["calibration"] = {
         "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),
         "gold_mean": float(gold_scores.mean()), "spearman_rm_gold": spearman(scores, gold_scores),
