@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_RM",
     "DEFAULT_PROMPTS",
     "EVAL_PROMPTS",
+    "left_pad",
     "load_causal_lm",
     "load_tokenizer",
     "pad_id_for",
@@ -106,6 +107,19 @@ def pad_id_for(tokenizer) -> int:
         if candidate is not None and candidate != tokenizer.eos_token_id:
             return int(candidate)
     raise AssertionError("unreachable: 0 and 1 cannot both be EOS")
+
+
+def left_pad(tokenizer, rows: list[list[int]], length: int | None = None, return_tensors: str = "pt"):
+    """Left-pad token-id rows with the tokenizer's own PAD (``tokenizer.pad``, ``padding_side="left"``).
+
+    Left padding puts every row's last token in the last column (where generation continues and
+    a classifier pools). Returns ``(input_ids, attention_mask)``, each ``(B, W)``, W = ``length``
+    or the longest row.
+    """
+    padding = "max_length" if length is not None else "longest"
+    batch = tokenizer.pad({"input_ids": rows}, padding=padding, max_length=length, padding_side="left",
+                          return_attention_mask=True, return_tensors=return_tensors)  # fmt: skip
+    return batch["input_ids"], batch["attention_mask"]
 
 
 def load_causal_lm(

@@ -215,7 +215,7 @@ def lm_perplexity(model, seqs: list[list[int]], batch_size: int = 64) -> float:
 def train_lm(cfg: BuildConfig, tok, train: list[str], val: list[str], out: Path) -> dict:
     """Next-token training on ``<bos> review <eos>``; keeps the step with the best held-out loss."""
     from tqdm.auto import tqdm
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, get_cosine_schedule_with_warmup
 
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -225,9 +225,7 @@ def train_lm(cfg: BuildConfig, tok, train: list[str], val: list[str], out: Path)
     optim = torch.optim.AdamW(model.parameters(), lr=cfg.lm_lr, weight_decay=0.1, betas=(0.9, 0.95))
     steps = cfg.lm_epochs * math.ceil(len(train_ids) / cfg.lm_batch_size)
     warm = min(100, steps // 10 + 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optim, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
-    )
+    sched = get_cosine_schedule_with_warmup(optim, num_warmup_steps=warm, num_training_steps=steps)
     best, step = (math.inf, None), 0
     bar = tqdm(total=steps, desc="lm")
     for _ in range(cfg.lm_epochs):

@@ -23,6 +23,7 @@ from transformers.models.llama import modeling_llama  # noqa: F401
 from textgym.models import (
     DEFAULT_PROMPTS,
     CachedDecoder,
+    left_pad,
     load_causal_lm,
     load_tokenizer,
     pad_id_for,
@@ -237,6 +238,8 @@ class _Engine:
         self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
         self.stop_array = np.array(sorted(self.stop_ids), dtype=np.int64)
         self.pad_id = pad_id_for(self.tokenizer)
+        if self.tokenizer.pad_token_id is None:  # GPT-2 style: pad through the tokenizer with our PAD
+            self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
         if self.pad_id in self.stop_ids:
             raise ValueError(
                 f"stop_token_ids={sorted(self.stop_ids)} holds the PAD id {self.pad_id}; PAD never ends an episode"
@@ -329,20 +332,18 @@ class _Engine:
         if encoded is None:
             encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
-        width = max(len(e) for e in encoded)
-        ids = np.full((len(slots), width), self.eos_id, dtype=np.int64)  # filler under mask 0
-        mask = np.zeros((len(slots), width), dtype=np.int64)
-        for row, (slot, e) in enumerate(zip(slots, encoded, strict=True)):
-            self.input_ids[slot] = self.pad_id
-            self.attention_mask[slot] = 0
-            self.input_ids[slot, P - len(e) : P] = e
-            self.attention_mask[slot, P - len(e) : P] = 1
-            ids[row, width - len(e) :] = e
-            mask[row, width - len(e) :] = 1
+        block_ids, block_mask = left_pad(self.tokenizer, encoded, P, return_tensors="np")  # (k, P)
+        self.input_ids[slots] = self.pad_id
+        self.attention_mask[slots] = 0
+        self.input_ids[slots, :P], self.attention_mask[slots, :P] = block_ids, block_mask
+        for row, slot in enumerate(slots):
             self.prompt_text[slot] = prompts[row]
+        width = max(len(e) for e in encoded)  # π_ref prefills only the columns some prompt uses
         slot_t = torch.as_tensor(slots, device=self.device)
         logits = self.decoder.prefill(
-            slot_t, torch.as_tensor(ids, device=self.device), torch.as_tensor(mask, device=self.device)
+            slot_t,
+            torch.as_tensor(block_ids[:, P - width :], device=self.device),
+            torch.as_tensor(block_mask[:, P - width :], device=self.device),
         )
         self._set_next(slot_t, logits)
         self.length[slots] = 0

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from textgym.functional import position_ids_from_mask
-from textgym.models import _check_source, quiet_transformers, resolve_device, resolve_dtype
+from textgym.models import _check_source, left_pad, quiet_transformers, resolve_device, resolve_dtype
 from textgym.rewards.base import Episodes, load_norm
 
 __all__ = ["CallableRewardModel", "HFRewardModel", "KeywordReward", "LengthReward", "VaderScorer", "WeightedSumReward"]
@@ -107,11 +107,8 @@ class HFRewardModel:
         out = []
         for start in range(0, len(ids), self.batch_size):
             chunk = ids[start : start + self.batch_size]
-            width = max(len(x) for x in chunk)
-            pad = self.model.config.pad_token_id
             # Left padding: the classifier pools the last non-pad token, the EOS when present.
-            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in chunk], device=device)
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in chunk], device=device)
+            input_ids, mask = (t.to(device) for t in left_pad(self.tokenizer, chunk))
             logits = self.model(
                 input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)
             ).logits.float()  # (b, num_labels)

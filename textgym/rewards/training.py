@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import get_linear_schedule_with_warmup
 
 from textgym.functional import position_ids_from_mask
+from textgym.models import left_pad
 from textgym.utils import save_folder_atomically
 
 __all__ = ["PreferencePair", "RMTrainResult", "encode_episode", "load_pairs", "train_reward_model"]
@@ -81,24 +83,17 @@ def encode_episode(tokenizer, prompt: str, response: str) -> list[int]:
     return ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-def _batch(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])  # left padding
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    return ids, mask
-
-
 def _rewards(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits[:, 0]
 
 
 @torch.no_grad()
-def _evaluate(model, data: list[tuple[list[int], list[int]]], pad_id: int, batch_size: int) -> tuple[float, float]:
+def _evaluate(model, data: list[tuple[list[int], list[int]]], tokenizer, batch_size: int) -> tuple[float, float]:
     model.eval()
     losses, correct = [], 0
     for start in range(0, len(data), batch_size):
         chunk = data[start : start + batch_size]
-        ids, mask = _batch([c for c, _ in chunk] + [r for _, r in chunk], pad_id)
+        ids, mask = left_pad(tokenizer, [c for c, _ in chunk] + [r for _, r in chunk])
         r = _rewards(model, ids, mask)
         margin = r[: len(chunk)] - r[len(chunk) :]
         losses.append(-F.logsigmoid(margin).sum().item())
@@ -156,7 +151,7 @@ def train_reward_model(
     train_data, val_data = [encode(p) for p in train], [encode(p) for p in val_pairs]
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * math.ceil(len(train_data) / batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: min(1.0, (s + 1) / 50) * max(0.0, 1 - s / steps))
+    sched = get_linear_schedule_with_warmup(optim, num_warmup_steps=min(50, steps), num_training_steps=steps)
     best = (math.inf, 0.0, None)
     history, bad_epochs = [], 0
     for epoch in range(epochs):
@@ -165,7 +160,7 @@ def train_reward_model(
         bar = tqdm(range(0, len(train_data), batch_size), desc=f"rm epoch {epoch + 1}", disable=not progress)
         for start in bar:
             chunk = train_data[start : start + batch_size]
-            ids, mask = _batch([c for c, _ in chunk] + [r for _, r in chunk], tokenizer.pad_token_id)
+            ids, mask = left_pad(tokenizer, [c for c, _ in chunk] + [r for _, r in chunk])
             r = _rewards(model, ids, mask)  # (2b,): chosen then rejected
             loss = -F.logsigmoid(r[: len(chunk)] - r[len(chunk) :]).mean()
             optim.zero_grad(set_to_none=True)
@@ -174,7 +169,7 @@ def train_reward_model(
             optim.step()
             sched.step()
             bar.set_postfix(loss=f"{loss.item():.3f}")
-        val_loss, val_acc = _evaluate(model, val_data, tokenizer.pad_token_id, 2 * batch_size)
+        val_loss, val_acc = _evaluate(model, val_data, tokenizer, 2 * batch_size)
         history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_accuracy": val_acc})
         if progress:
             print(f"rm epoch {epoch + 1}: held-out loss {val_loss:.4f}, accuracy {val_acc:.4f}")
