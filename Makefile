@@ -25,7 +25,7 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/textgym train --config demo
-	$(BIN)/textgym eval --model runs/demo/policy --max-new-tokens 24 --out runs/demo/eval.json
+	$(BIN)/textgym eval --model runs/demo/policy --out runs/demo/eval.json
 	$(BIN)/python -m textgym.agents.ppo.plot runs/demo
 
 lint: $(STAMP)

@@ -535,8 +535,8 @@ class TextRLHFEnv(gym.Env):
         ``r_t = kl_coef · log π_ref(a_t | s_t)``, plus on the last step the reward-model score
         (normalised when ``normalize_reward``) minus ``missing_eos_penalty`` if length-capped.
         The reward depends on (s_t, a_t) only. An agent adding ``−kl_coef · log π(a_t|s_t)``
-        of its own sample gets the per-token KL-penalised reward −β·log(π/π_ref) (+ score);
-        one with entropy bonus β optimises E[score] − β·KL(π‖π_ref) in expectation.
+        of its own sample gets the per-token KL-penalised reward −β·log(π/π_ref) (+ score),
+        whose return is that of E[score] − β·KL(π‖π_ref) (an entropy bonus β is not equivalent).
         ``info["ref_logprob"]`` is log π_ref(a_t | s_t) on every step.
 
     Starting State:
