@@ -102,8 +102,12 @@ class _UniformPolicy:
 
 def _sampler_factory(model: torch.nn.Module | None, seed: int):
     """Cached sampling of ``model`` (None: the eval env's π_ref) at temperature 1."""
-    return lambda envs: LMSampler.for_env(model if model is not None else envs.unwrapped.model, envs,
-                                          generator=torch.Generator().manual_seed(seed))  # fmt: skip
+
+    def factory(envs):
+        m = model if model is not None else envs.unwrapped.model
+        return LMSampler.for_env(m, envs, generator=torch.Generator(device=m.device).manual_seed(seed))
+
+    return factory
 
 
 @register_algorithm("reference")
@@ -130,12 +134,11 @@ def torchrl_ppo(ctx: RunContext):
     from .ppo import PPOConfig, Trainer
 
     kw = ctx.env_kwargs
-    cfg = PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out),
+    cfg = PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
                     max_new_tokens=kw["max_new_tokens"], kl_coef=kw["kl_coef"], target_kl=None,
                     num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=3e-4,
-                    critic_learning_rate=1e-3, progress=False,
-                    **{k: kw[k] for k in ("model", "reward_model", "prompts") if k in kw})  # fmt: skip
-    trainer = Trainer.create(cfg)
+                    critic_learning_rate=1e-3, progress=False)  # fmt: skip
+    trainer = Trainer.create(cfg, env_overrides=kw)  # the very env every algorithm trains in
     _train_in_batches(ctx, trainer)
     return _sampler_factory(trainer.policy, ctx.seed)
 

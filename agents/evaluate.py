@@ -8,8 +8,10 @@ Episodes come from :func:`textgym.episodes.collect_episodes`, the one episode lo
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -22,7 +24,23 @@ from textgym.episodes import collect_episodes
 from textgym.models import EVAL_PROMPTS, load_causal_lm
 from textgym.policies import LMSampler
 
-__all__ = ["distinct_n", "evaluate", "format_eval"]
+__all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings"]
+
+RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
+ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model")
+
+
+def run_settings(policy: str | None) -> dict[str, Any]:
+    """The settings a saved policy was trained with (``RUN_INFO`` beside it), or {} for π_ref or an HF folder.
+
+    ``kl_coef`` is the β of its last rollout, so score − β·KL is the objective it was updated on;
+    ``temperature`` is the one it sampled at; the rest are env arguments.
+    """
+    path = Path(policy) / RUN_INFO if policy is not None else None
+    if path is None or not path.is_file():
+        return {}
+    run = json.loads(path.read_text())
+    return {k: run[k] for k in (*ENV_SETTINGS, "temperature") if k in run}
 
 
 def distinct_n(responses: list[list[int]], n: int) -> float:
@@ -61,7 +79,7 @@ def evaluate(
     episodes: int = 128,
     num_envs: int = 64,
     seed: int = 1234,
-    temperature: float = 1.0,
+    temperature: float | None = None,
     device: str = "cpu",
     **env_kwargs,
 ) -> dict:
@@ -73,9 +91,12 @@ def evaluate(
             Pass the env arguments the policy was trained with (``action_mask_top_p`` for a
             masked policy, ``kl_coef`` = its β): every policy is evaluated as it was trained.
         episodes, num_envs, seed, temperature, device: sampling settings; the eval prompts are
-            taken in order (cycled) so every policy answers the same prompts.
+            taken in order (cycled) so every policy answers the same prompts. ``temperature``
+            defaults to the run's (below), else 1.
         env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the eval split;
-            ``model`` is π_ref).
+            ``model`` is π_ref). A ``policy`` folder saved by ``textgym train`` brings the
+            settings it was trained with (:func:`run_settings`: its β, length cap, π_ref, RM);
+            the arguments given here override them.
 
     KL to π_ref per sequence is Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over the sampled tokens
     (the k1 estimate, unbiased under π); the objective is score − β·KL with the env's β
@@ -86,7 +107,9 @@ def evaluate(
         ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
         ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
-    env_kwargs.setdefault("prompts", str(EVAL_PROMPTS))
+    run = run_settings(policy)
+    temperature = temperature if temperature is not None else run.pop("temperature", 1.0)
+    env_kwargs = {"prompts": str(EVAL_PROMPTS), **{k: v for k, v in run.items() if k != "temperature"}, **env_kwargs}
     num_envs = min(num_envs, episodes)
     envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
                         autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip

@@ -27,8 +27,8 @@ other change to the distribution:
 * reference: ``generate(do_sample=True, suppress_tokens=[eos], top_k=0, top_p=1.0,
   temperature=1.0, max_new_tokens=T)`` (``top_k=0`` turns off transformers' implicit top-50);
 * env: the policy's next-token logits get ``logits[:, eos] = -inf`` before
-  ``LMSampler.act`` samples, so no episode terminates early and every slot is truncated after
-  exactly T steps.
+  ``LMSampler.act`` samples (and on every other stop id of the env), so no episode terminates
+  early and every slot reaches the length cap after exactly T steps.
 
 No EOS means no early stops on either side, so both do prefill + T−1 cached decode steps per
 prompt and the token counts match (N·T each; the script prints a warning if they do not).
@@ -70,7 +70,7 @@ from torch import Tensor  # noqa: E402
 
 import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
 from textgym.functional import position_ids_from_mask  # noqa: E402
-from textgym.models import load_causal_lm, response_logprobs  # noqa: E402
+from textgym.models import left_pad, load_causal_lm, response_logprobs  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes, score_checked  # noqa: E402
 
@@ -81,12 +81,14 @@ DEFAULT = {"num_envs": [1, 16, 64], "max_new_tokens": 32, "repeats": 3}
 
 
 class NoEOSPolicy(LMSampler):
-    """:class:`LMSampler` that never samples EOS (its logit is −inf), so episodes run T steps."""
+    """:class:`LMSampler` that never samples a stop token (their logits are −inf), so episodes run T steps."""
+
+    stop_ids: list[int] = []  # the env's stop_token_ids, set by make_case
 
     @torch.no_grad()
     def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
         out = super().logits(obs)
-        out[:, self.eos] = -float("inf")
+        out[:, [self.eos, *self.stop_ids]] = -float("inf")
         return out
 
 
@@ -112,16 +114,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = 1
-    return ids, mask
-
-
 def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int) -> Case:
     """Build the vector env for N slots, the policy over ``policy_model`` and the reference prompts."""
     envs = gym.make_vec(
@@ -134,9 +126,10 @@ def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.devi
     bos = tok.bos_token_id if tok.bos_token_id is not None else base.eos_token_id
     # The env's prompt encoding: the tokenizer's ids, BOS alone for an empty prompt.
     encoded = [(tok(p)["input_ids"] if p else []) or [bos] for p in prompts]
-    input_ids, attention_mask = _left_pad(encoded, base.pad_token_id)
+    input_ids, attention_mask = left_pad(tok, encoded, pad_id=base.pad_token_id)
     g = torch.Generator(device=device).manual_seed(seed)
     policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g)
+    policy.stop_ids = list(base.stop_token_ids)
     return Case(n, max_new_tokens, envs, policy, prompts, input_ids.to(device), attention_mask.to(device))
 
 
@@ -206,7 +199,7 @@ def run_reference(case: Case, ref_model: Any, device: torch.device, seed: int) -
         top_k=0,
         top_p=1.0,
         max_new_tokens=T,
-        suppress_tokens=[eos],
+        suppress_tokens=list(base.stop_token_ids),
         eos_token_id=eos,
         pad_token_id=pad,
         use_cache=True,

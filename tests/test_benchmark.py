@@ -93,3 +93,22 @@ def test_confidence_interval_on_a_known_case():
     mean, half = confidence_interval([1.0, 2.0, 3.0])  # s = 1, t_{0.975, 2} = 4.303
     assert mean == 2.0 and half == pytest.approx(4.303 / math.sqrt(3))
     assert math.isnan(confidence_interval([5.0])[1])
+
+
+def test_every_algorithm_trains_in_the_env_it_is_evaluated_in(tmp_path, monkeypatch):
+    """Same objective for all: the bench's calibrated normalisation and prompt block reach every training env."""
+    import gymnasium
+
+    made = []
+    for name in ("make", "make_vec"):
+        real = getattr(gymnasium, name)
+        monkeypatch.setattr(gymnasium, name, lambda *a, _real=real, **kw: made.append(kw) or _real(*a, **kw))
+    cfg = BenchConfig(algos=["torchrl_ppo", "reinforce", "sb3_ppo"], seeds=[0], budget=16, num_envs=4,
+                      max_new_tokens=4, eval_episodes=4, calibration_episodes=8, out=str(tmp_path))  # fmt: skip
+    run_benchmark(cfg)
+    calibration, *rest = made
+    assert calibration["normalize_reward"] is False  # the calibration itself measures raw scores
+    norms = {kw.get("normalize_reward") for kw in rest}
+    assert len(norms) == 1 and isinstance(next(iter(norms)), tuple), norms  # one (mean, std) for every env
+    assert all(kw["max_prompt_tokens"] == 16 and kw["max_new_tokens"] == 4 for kw in rest)
+    assert len(rest) >= 3 + 3  # a training env per algorithm (SB3: one per sub-env) and an eval env each

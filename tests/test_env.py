@@ -160,10 +160,22 @@ def test_stop_token_ids_argument(tmp_path):
     env = gym.make("TextRLHF-v0", stop_token_ids=[9], max_new_tokens=4)
     env.reset(seed=0)
     assert not env.step(2)[2] and env.step(9)[2]  # only the given ids stop
-    for bad, pattern in (([], "non-empty"), ([10**6], r"token ids in \[0, "), ("2", "must be a list"),
-                         ([0], "PAD id 0")):  # fmt: skip
+    for bad, pattern in (([], "non-empty"), ([10**6], r"token ids in \[0, "), ("2", "must be a list")):
         with pytest.raises((ValueError, TypeError), match=pattern):
             gym.make("TextRLHF-v0", stop_token_ids=bad)
+
+
+def test_a_pad_token_that_is_also_a_stop_id_is_replaced(tmp_path):
+    """Chat models that pad with a token they also stop on (e.g. <|endoftext|>): PAD moves, EOS/PAD stay distinct."""
+    tok_pad = 0  # the embedded tokenizer's <pad>
+    env = gym.make("TextRLHF-v0", model=_with_generation_stop_ids(tmp_path, [2, tok_pad]), max_new_tokens=3,
+                   prompts=["The movie"], max_prompt_tokens=6)  # fmt: skip
+    base = env.unwrapped
+    assert tok_pad in base.stop_token_ids and base.pad_token_id not in base.stop_token_ids
+    obs, _ = env.reset(seed=0)
+    padding = obs["input_ids"][obs["attention_mask"] == 0]
+    assert padding.size and (padding == base.pad_token_id).all()
+    assert env.step(tok_pad)[2]  # ... and the old PAD now ends an episode
 
 
 def test_prompts_through_the_chat_template(tmp_path):
@@ -294,8 +306,11 @@ def test_autoreset_modes(mode):
         obs, r, te, tr, info = envs.step(np.array([7, 7]))
         assert r[0] == 0.0 and not te[0] and info["_ref_logprob"].tolist() == [False, True]
         assert obs["attention_mask"][0, P:].sum() == 1 and obs["input_ids"][0, P] == eos
+        envs.step(np.array([7, 7]))  # slot 1 reaches the cap of 3: now every slot waits
+        with pytest.raises(RuntimeError, match="every slot finished.*reset_mask"):
+            envs.step(np.array([7, 7]))  # a loop that forgets to reset fails instead of spinning
         obs, _ = envs.reset(options={"reset_mask": np.array([True, False])})
-        assert obs["attention_mask"][0, P:].sum() == 0 and obs["attention_mask"][1, P:].sum() == 2
+        assert obs["attention_mask"][0, P:].sum() == 0 and obs["attention_mask"][1, P:].sum() == 3
         envs.step(np.array([7, 7]))
 
 

@@ -14,12 +14,14 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _env_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="π_ref: HF causal-LM folder or id (default: embedded LM)")
+def _env_args(
+    parser: argparse.ArgumentParser, model_help: str = "π_ref: HF causal-LM folder or id (default: embedded LM)"
+) -> None:
+    parser.add_argument("--model", default=None, help=model_help)
     parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
     parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file (default: embedded set)")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default 32)")
-    parser.add_argument("--kl-coef", type=float, default=None, help="β (default 0.05)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the env's)")
+    parser.add_argument("--kl-coef", type=float, default=None, help="β (default: the env's, or the run's for eval)")
     parser.add_argument("--device", default="cpu")
 
 
@@ -97,28 +99,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")
 
 
-def _run_settings(policy: str | None) -> dict:
-    """β and length cap a saved policy was trained with (``textgym_run.json`` beside it), if any."""
-    path = Path(policy) / "textgym_run.json" if policy else None
-    if path is None or not path.exists():
-        return {}
-    run = json.loads(path.read_text())
-    return {k: run[k] for k in ("kl_coef", "max_new_tokens") if k in run}
-
-
 def cmd_eval(args: argparse.Namespace) -> None:
-    from textgym.agents.evaluate import evaluate, format_eval
+    from textgym.agents.evaluate import evaluate, format_eval, run_settings
 
     kwargs = _env_kwargs(args)
     kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
     if args.ref_model:
         kwargs["model"] = args.ref_model
-    # The objective score − β·KL is the one the policy was trained on: its run's β and length cap
-    # unless given on the command line.
-    kwargs = {**_run_settings(args.model), **kwargs}
+    if args.temperature is not None:
+        kwargs["temperature"] = args.temperature
+    # score − β·KL is the objective the policy was trained on: π_ref is measured in the same env
+    # (the run's β, length cap, π_ref and RM; command-line flags override them).
+    ref_kwargs = {**run_settings(args.model), **kwargs}
     results = {}
     for name, policy in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
-        results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed, **kwargs)
+        results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
+                                 **(ref_kwargs if policy is None else kwargs))  # fmt: skip
         print(format_eval(name, results[name]))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -204,8 +200,9 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
-    _env_args(p)
-    p.add_argument("--ref-model", default=None, help="π_ref if not the embedded LM")
+    _env_args(p, model_help="the policy to evaluate: a causal-LM folder, e.g. OUT/policy (default: π_ref alone)")
+    p.add_argument("--ref-model", default=None, help="π_ref if not the run's (or the embedded LM)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--num-envs", type=int, default=64)
     p.add_argument("--seed", type=int, default=1234)

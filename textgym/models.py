@@ -97,29 +97,36 @@ def load_tokenizer(source: str | os.PathLike | None = None, name: str = "tokeniz
     return tok
 
 
-def pad_id_for(tokenizer) -> int:
-    """A PAD id distinct from EOS and inside the vocabulary.
+def pad_id_for(tokenizer, stop_ids=frozenset()) -> int:
+    """A PAD id distinct from EOS and from every stop id, inside the vocabulary.
 
     Padding is always marked by the attention mask; a tokenizer without its own PAD (GPT-2
-    style) pads with UNK, or id 0 (1 if 0 is EOS), rather than growing the vocabulary.
+    style), or whose PAD is a stop id (chat models that pad with ``<|endoftext|>`` and stop on
+    it), pads with UNK or the lowest other id, rather than growing the vocabulary.
     """
-    for candidate in (tokenizer.pad_token_id, tokenizer.unk_token_id, 0, 1):
-        if candidate is not None and candidate != tokenizer.eos_token_id:
+    taken = {tokenizer.eos_token_id, *stop_ids}
+    for candidate in (tokenizer.pad_token_id, tokenizer.unk_token_id, *range(len(taken) + 1)):
+        if candidate is not None and candidate not in taken:
             return int(candidate)
-    raise AssertionError("unreachable: 0 and 1 cannot both be EOS")
+    raise AssertionError("unreachable: len(taken) + 1 ids cannot all be taken")
 
 
-def left_pad(tokenizer, rows: list[list[int]], length: int | None = None, return_tensors: str = "pt"):
-    """Left-pad token-id rows with the tokenizer's own PAD (``tokenizer.pad``, ``padding_side="left"``).
+def left_pad(tokenizer, rows: list[list[int]], length: int | None = None, return_tensors: str = "pt",
+             pad_id: int | None = None):  # fmt: skip
+    """Left-pad token-id rows through the tokenizer (``tokenizer.pad``, ``padding_side="left"``).
 
     Left padding puts every row's last token in the last column (where generation continues and
-    a classifier pools). Returns ``(input_ids, attention_mask)``, each ``(B, W)``, W = ``length``
-    or the longest row.
+    a classifier pools). ``pad_id`` replaces the tokenizer's PAD under mask 0 when the caller
+    pads with another id (see :func:`pad_id_for`). Returns ``(input_ids, attention_mask)``, each
+    ``(B, W)``, W = ``length`` or the longest row.
     """
     padding = "max_length" if length is not None else "longest"
     batch = tokenizer.pad({"input_ids": rows}, padding=padding, max_length=length, padding_side="left",
                           return_attention_mask=True, return_tensors=return_tensors)  # fmt: skip
-    return batch["input_ids"], batch["attention_mask"]
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    if pad_id is not None:
+        ids[mask == 0] = pad_id
+    return ids, mask
 
 
 def load_causal_lm(

@@ -30,7 +30,7 @@ class PPOConfig:
         reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
         prompts: train prompts (list file or default set).
         max_new_tokens: response length cap of the env.
-        missing_eos_penalty: env penalty for truncated responses.
+        missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
         target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed.
         kl_horizon: horizon (in episodes) of the adaptive controller (Ziegler et al., 2019).
@@ -39,7 +39,9 @@ class PPOConfig:
             objective), ``k2_loss`` (β·mean ½·log²(π/π_ref) in the loss, with its gradient: the
             gradient of the per-token forward KL(π‖π_ref) at the visited states) or ``k3_loss``
             (β·mean of (π_ref/π − 1) − log(π_ref/π) in the loss, as GRPO: the gradient of the
-            per-token reverse KL(π_ref‖π)).
+            per-token reverse KL(π_ref‖π)). A loss-side β weighs a per-token mean beside whitened
+            advantages, a reward-side β a sum inside the returns: the same β is not the same
+            strength across modes.
         precision: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (autocast
             for the rollout's and the update's forwards; fp32 weights, optimizer state, logits
             and log-softmax; log π_old is recomputed in the update's precision).

@@ -25,14 +25,13 @@ from textgym.models import resolve_device
 from textgym.policies import LMSampler
 from textgym.utils import save_folder_atomically
 
+from ..evaluate import RUN_INFO
 from .config import PPOConfig
 from .kl import make_kl_controller
 from .models import TokenLogits, TokenValues, make_actor, make_critic, make_loss, ppo_diagnostics
 from .rollout import compute_advantages, explained_variance, per_token_rewards, sequence_batch
 
-__all__ = ["RUN_INFO", "Trainer", "train"]
-
-RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
+__all__ = ["Trainer", "train"]
 
 
 @dataclass
@@ -52,11 +51,17 @@ class Trainer:
     iteration_done: int = 0
     episodes_done: int = 0
     env_steps: int = 0  # tokens generated in training episodes: what every algorithm is charged
+    last_beta: float = 0.0  # β of the last rollout: the objective the current policy was updated on
     _last_logits: list = field(default_factory=list)  # the policy logits of the last loss call
 
     # ------------------------------------------------------------------ setup
     @classmethod
-    def create(cls, cfg: PPOConfig) -> Trainer:
+    def create(cls, cfg: PPOConfig, env_overrides: dict[str, Any] | None = None) -> Trainer:
+        """Build the env, models, loss and optimizer of ``cfg``.
+
+        ``env_overrides``: further ``gym.make`` arguments no config field carries (the benchmark's
+        ``normalize_reward=(mean, std)`` and prompt block), applied over ``cfg.env_kwargs()``.
+        """
         device = resolve_device(cfg.device)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -67,7 +72,7 @@ class Trainer:
             vectorization_mode="vector_entry_point",
             autoreset_mode="disabled",  # one complete episode per slot (collect_episodes)
             device=device,
-            **cfg.env_kwargs(),
+            **{**cfg.env_kwargs(), **(env_overrides or {})},
         )
         base = envs.unwrapped
         policy = make_actor(base.model)
@@ -84,7 +89,8 @@ class Trainer:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-        trainer = cls(cfg, envs, policy, critic, loss, actor_logits, optimizer, kl_ctl, sampler, device)
+        trainer = cls(cfg, envs, policy, critic, loss, actor_logits, optimizer, kl_ctl, sampler, device,
+                      last_beta=kl_ctl.value)  # fmt: skip
         actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
         return trainer
 
@@ -100,7 +106,7 @@ class Trainer:
         t0 = time.perf_counter()
 
         # -- rollout: the policy samples with its own KV cache, the env scores with π_ref and r_φ
-        beta = self.kl_ctl.value
+        beta = self.last_beta = self.kl_ctl.value
         base.kl_coef = beta
         timing: dict[str, float] = {}
         episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, autocast=self.autocast,
@@ -156,9 +162,10 @@ class Trainer:
 
     @torch.no_grad()
     def _old_logprobs(self, data) -> torch.Tensor:
-        """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing, chunked like the update, fp32 log-softmax."""
+        """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing in minibatches of the update's size, fp32 log-softmax."""
         out = []
-        for rows in torch.split(torch.arange(data.batch_size[0], device=self.device), self.cfg.minibatch_size):
+        batch = data.batch_size[0]
+        for rows in torch.tensor_split(torch.arange(batch, device=self.device), min(self.cfg.num_minibatches, batch)):
             mb = data[rows]
             with self.autocast():
                 logits = self.actor_logits(mb["sequence"], mb["sequence_mask"])  # (b, T, V) fp32
@@ -244,9 +251,10 @@ class Trainer:
 
     def run_info(self) -> dict[str, Any]:
         """What evaluating the saved policy needs to measure the objective it was trained on."""
-        base = self.envs.unwrapped
-        return {"kl_coef": self.kl_ctl.value, "max_new_tokens": base.max_new_tokens,
-                "temperature": self.cfg.temperature, "kl_penalty": self.cfg.kl_penalty}  # fmt: skip
+        cfg = self.cfg
+        info = {"kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+                "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
+        return info | {k: getattr(cfg, k) for k in ("model", "reward_model") if getattr(cfg, k) is not None}
 
     def load(self, ckpt: Path) -> None:
         from safetensors.torch import load_file

@@ -163,6 +163,8 @@ def _check_chat_template(chat_template: Any, tokenizer) -> bool:
 def _resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int) -> RewardNorm | None:
     """The (mean, std) the RM score is standardised with, or None; warns when measured at another length cap."""
     stored = getattr(reward_model, "norm", None)
+    if stored is not None and not isinstance(stored, RewardNorm):  # a plug-in's plain (mean, std)
+        stored = RewardNorm(*stored)
     if isinstance(normalize_reward, (tuple, list)):
         pair = normalize_reward
         ok = len(pair) == 2 and all(isinstance(v, (int, float)) and np.isfinite(v) for v in pair)
@@ -183,7 +185,8 @@ def _resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int) -> R
             f"reward model {reward_model.name!r}: its stored mean/std were measured under π_ref at "
             f"max_new_tokens={stored.max_new_tokens} (temperature {stored.temperature}), this env runs "
             f"max_new_tokens={max_new_tokens}, so π_ref's normalised score is not 0 here; run `textgym "
-            f"rm-calibrate --max-new-tokens {max_new_tokens}` on it, or pass normalize_reward=(mean, std) or False",
+            f"rm-calibrate --max-new-tokens {max_new_tokens}` on it, or pass normalize_reward=(mean, std) or False "
+            "(the env cannot see the agent's sampling temperature: calibrate at the one you sample at)",
             stacklevel=4,
         )
     return stored
@@ -237,13 +240,9 @@ class _Engine:
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
         self.stop_array = np.array(sorted(self.stop_ids), dtype=np.int64)
-        self.pad_id = pad_id_for(self.tokenizer)
+        self.pad_id = pad_id_for(self.tokenizer, self.stop_ids)
         if self.tokenizer.pad_token_id is None:  # GPT-2 style: pad through the tokenizer with our PAD
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
-        if self.pad_id in self.stop_ids:
-            raise ValueError(
-                f"stop_token_ids={sorted(self.stop_ids)} holds the PAD id {self.pad_id}; PAD never ends an episode"
-            )
         self.chat_template = _check_chat_template(chat_template, self.tokenizer)
         self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
         self.prompts = load_prompts(prompts)
@@ -332,7 +331,7 @@ class _Engine:
         if encoded is None:
             encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
-        block_ids, block_mask = left_pad(self.tokenizer, encoded, P, return_tensors="np")  # (k, P)
+        block_ids, block_mask = left_pad(self.tokenizer, encoded, P, "np", self.pad_id)  # (k, P)
         self.input_ids[slots] = self.pad_id
         self.attention_mask[slots] = 0
         self.input_ids[slots, :P], self.attention_mask[slots, :P] = block_ids, block_mask
@@ -802,6 +801,11 @@ class TextRLHFVectorEnv(VectorEnv):
         unstarted = ~e.started.any() if mode == AutoresetMode.DISABLED else ~e.started.all()
         if unstarted:
             raise RuntimeError("step() called before reset() for some slots; call envs.reset() first")
+        if mode == AutoresetMode.DISABLED and not (e.started & ~e.done).any():
+            raise RuntimeError(
+                "step() called with every slot finished and autoreset disabled; "
+                "reset them with reset(options={'reset_mask': mask})"
+            )
         bad = np.flatnonzero((actions < 0) | (actions >= e.vocab_size))
         if bad.size:
             raise ValueError(

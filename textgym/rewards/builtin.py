@@ -21,7 +21,7 @@ class HFRewardModel:
 
     With ``num_labels == 1`` the score is that logit (a Bradley–Terry reward model); with two
     or more it is the logit, or with ``use_logprob`` the log-probability, of ``label``. The
-    input is prompt + response + EOS (the EOS appended when the episode was truncated), pooled
+    input is prompt + response + EOS (the EOS appended when the episode reached the length cap), pooled
     at that last token, as ``textgym.rewards.training`` trains it.
 
     When the model's tokenizer is the environment's (same vocabulary), the episode's token ids
@@ -88,7 +88,7 @@ class HFRewardModel:
     def _encode(self, episodes: Episodes) -> list[list[int]]:
         """Token ids of prompt + response, always closed by one EOS (as in Bradley–Terry training).
 
-        A truncated response is scored as if finished; the env's ``missing_eos_penalty`` is the
+        A response cut at the length cap is scored as if finished; the env's ``missing_eos_penalty`` is the
         place to discourage truncation.
         """
         eos = self.tokenizer.eos_token_id

@@ -151,7 +151,7 @@ def train_reward_model(
     train_data, val_data = [encode(p) for p in train], [encode(p) for p in val_pairs]
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     steps = epochs * math.ceil(len(train_data) / batch_size)
-    sched = get_linear_schedule_with_warmup(optim, num_warmup_steps=min(50, steps), num_training_steps=steps)
+    sched = get_linear_schedule_with_warmup(optim, num_warmup_steps=min(50, steps // 10), num_training_steps=steps)
     best = (math.inf, 0.0, None)
     history, bad_epochs = [], 0
     for epoch in range(epochs):
