@@ -1,12 +1,17 @@
 """Bad input gets one clear error naming the argument, the value and what is allowed — never a silent wrong answer."""
 
 import re
+import shutil
+import threading
+import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.error import ResetNeeded
 
+from textgym.models import DEFAULT_LM, DEFAULT_RM
 from textgym.rewards import RewardModelError
 
 LONG_PROMPT = "The movie was " * 40
@@ -302,7 +307,8 @@ def test_vector_reward_model_error_names_the_offending_episode():
     )
     envs.reset(seed=0, options={"prompt": ["first", "second"]})
     eos = envs.unwrapped.eos_token_id
-    with pytest.raises(RewardModelError, match=r"'.*rm_second_bad' returned nan for episode 1 \(prompt='second'"):
+    pattern = r"'.*rm_second_bad' returned nan for episode 1 of the batch \(env slot 1\) \(prompt='second'"
+    with pytest.raises(RewardModelError, match=pattern):
         envs.step(np.array([eos, eos]))
 
 
@@ -357,6 +363,8 @@ def test_normalize_reward_without_stored_stats():
         ({"missing_eos_penalty": "1"}, ValueError, r"missing_eos_penalty='1' must be a finite float >= 0"),
         ({"device": "tpu"}, ValueError, r"device='tpu' is not a torch device; use 'auto', 'cpu' or 'cuda"),
         ({"dtype": "int8"}, ValueError, r"dtype='int8' is not one of \['bfloat16', 'float16', 'float32'\]"),
+        ({"reward_timeout": 0}, ValueError, r"reward_timeout=0 must be a finite float > 0 \(seconds\) or None"),
+        ({"reward_timeout": "1"}, ValueError, r"reward_timeout='1' must be a finite float > 0 \(seconds\) or None"),
     ],
 )
 def test_bad_scalar_argument(kwargs, exc, pattern):
@@ -513,3 +521,240 @@ def test_saved_folder_follows_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755
+
+
+# ---------------------------------------------------------------- loaders say what is wrong
+def copy_model(src, dst, drop=()):
+    dst.mkdir()
+    for f in Path(src).iterdir():
+        if f.name not in drop:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_corrupt_weights_file_names_the_argument_the_path_and_the_cause(tmp_path, damage):
+    folder = copy_model(DEFAULT_LM, tmp_path / "lm")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else bytes(range(256)) * 8
+    )
+    pattern = rf"model={re.escape(repr(str(folder)))}: model\.safetensors is truncated or corrupt \(\w+"
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", model=str(folder))
+
+
+def test_a_model_folder_without_a_tokenizer(tmp_path):
+    folder = copy_model(DEFAULT_LM, tmp_path / "lm", drop=("tokenizer.json", "tokenizer_config.json"))
+    pattern = rf"model={re.escape(repr(str(folder)))} has no tokenizer \(none of tokenizer\.json"
+    with pytest.raises(FileNotFoundError, match=pattern):
+        gym.make("TextRLHF-v0", model=str(folder))
+
+
+def test_a_prompt_file_that_is_not_utf8(tmp_path):
+    from textgym.envs import load_prompts
+
+    path = tmp_path / "prompts.txt"
+    path.write_bytes("Le film était bon\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"prompts='.*prompts\.txt' is not UTF-8 text: byte 0xe9 at offset 8"):
+        load_prompts(path)
+
+
+def test_a_file_given_as_a_model_folder():
+    path = str(DEFAULT_LM / "config.json")
+    with pytest.raises(ValueError, match=rf"model={re.escape(repr(path))} is a file, not a folder"):
+        gym.make("TextRLHF-v0", model=path)
+
+
+@pytest.mark.parametrize(("argument", "source"), [("model", DEFAULT_LM), ("reward_model", DEFAULT_RM)])
+def test_weights_that_give_nan_are_caught_at_make_time_naming_the_model(tmp_path, argument, source):
+    from safetensors.torch import load_file, save_file
+
+    folder = copy_model(source, tmp_path / "m")
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.0.mlp.down_proj.weight"][0, 0] = float("nan")  # one flipped exponent bit
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=rf"{argument}={re.escape(repr(str(folder)))} gives non-finite outputs"):
+        gym.make("TextRLHF-v0", **{argument: str(folder)}, gold_scorer=None)
+
+
+def test_a_causal_lm_given_as_the_reward_model_is_refused():
+    pattern = r"reward_model='.*lm' is not a reward model .*initialised at random .*score\.weight.*LlamaForCausalLM"
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", reward_model=str(DEFAULT_LM))
+
+
+def test_a_reward_model_given_as_the_model_is_refused():
+    pattern = r"model='.*rm' is not a causal LM: .*in the checkpoint but unused: score\.weight .*SequenceClassification"
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", model=str(DEFAULT_RM))
+
+
+def test_a_missing_folder_that_looks_like_a_hub_id_fails_at_once(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # online too: `runs` is a local folder, so a path
+    start = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match=r"model='runs/x' does not exist \(no such folder\)"):
+        gym.make("TextRLHF-v0", model="runs/x")
+    assert time.perf_counter() - start < 5
+
+
+def test_an_uncached_hub_id_fails_at_once_offline():
+    pattern = r"model='nobody/no-such-model' does not exist \(no such folder\) and is not a hub id in the local cache"
+    with pytest.raises(FileNotFoundError, match=pattern):
+        gym.make("TextRLHF-v0", model="nobody/no-such-model")
+
+
+def test_max_new_tokens_beyond_the_models_positions_is_refused():
+    pattern = r"max_new_tokens=200 with max_prompt_tokens=\d+ needs \d+ positions of model, more than its " \
+              r"max_position_embeddings=128; allowed: max_new_tokens <= \d+"  # fmt: skip
+    with pytest.raises(ValueError, match=pattern):
+        gym.make("TextRLHF-v0", max_new_tokens=200)
+    # π_ref fits (8 + 120 = 128), the reward model does not: it scores the EOS closing a capped response too
+    with pytest.raises(ValueError, match=r"needs 129 positions of reward_model, .* allowed: max_new_tokens <= 119"):
+        gym.make("TextRLHF-v0", prompts=["Hi"], max_prompt_tokens=8, max_new_tokens=120)
+
+
+# ---------------------------------------------------------------- reward-model faults
+def interrupted_once():
+    """A reward model whose first call is interrupted: a user pressing Ctrl-C during a slow score."""
+    calls = []
+
+    def rm_interrupted(prompts, responses):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return [0.5] * len(prompts)
+
+    return rm_interrupted
+
+
+def test_a_keyboard_interrupt_in_the_reward_model_undoes_the_step():
+    env = make_with_rm(interrupted_once())
+    env.reset(seed=0, options={"prompt": "The movie was"})
+    with pytest.raises(KeyboardInterrupt):
+        env.step(env.unwrapped.eos_token_id)
+    _, _, terminated, _, info = env.step(env.unwrapped.eos_token_id)  # the episode and its info are still there
+    assert terminated and info["rm_score"] == 0.5 and info["prompt"] == "The movie was"
+
+
+def test_a_keyboard_interrupt_in_the_reward_model_leaves_no_vector_slot_done():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3,
+                        reward_model=interrupted_once(), normalize_reward=False, gold_scorer=None)  # fmt: skip
+    envs.reset(seed=0)
+    eos = envs.unwrapped.eos_token_id
+    with pytest.raises(KeyboardInterrupt):
+        envs.step(np.array([eos, 7]))
+    assert not envs.unwrapped._engine.done.any()
+    _, _, terminated, _, info = envs.step(np.array([eos, 7]))
+    assert terminated.tolist() == [True, False] and info["rm_score"][0] == 0.5
+    envs.step(np.array([7, 7]))
+    assert envs.unwrapped._engine.length.tolist() == [0, 2]  # slot 0 was reset, not stuck done
+
+
+def test_an_interrupt_inside_the_reference_forward_leaves_the_kv_cache_intact():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=6,
+                        reward_model="length", gold_scorer=None)  # fmt: skip
+    layer = envs.unwrapped.model.model.layers[2]
+
+    def interrupted(*args, **kwargs):  # layers 0 and 1 have already grown their cache
+        del layer.forward
+        raise KeyboardInterrupt
+
+    def episode(interrupt: bool):
+        envs.reset(options={"prompt": ["The movie was", "I"]})
+        steps = [envs.step(np.array([7, 9]))]
+        if interrupt:
+            layer.forward = interrupted
+            with pytest.raises(KeyboardInterrupt):
+                envs.step(np.array([11, 13]))
+        steps += [envs.step(np.array([11, 13])), envs.step(np.array([15, 17]))]
+        return [(s[0]["input_ids"], s[4]["ref_logprob"]) for s in steps]
+
+    clean, hit = episode(False), episode(True)
+    for (ids, logp), (ids_hit, logp_hit) in zip(clean, hit):
+        np.testing.assert_array_equal(ids, ids_hit)
+        np.testing.assert_allclose(logp, logp_hit, atol=1e-6)
+
+
+def test_a_reward_model_that_hangs_times_out_naming_the_model_and_the_batch():
+    release = threading.Event()
+
+    def rm_hangs(prompts, responses):
+        release.wait(30)
+        return [0.0] * len(prompts)
+
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3,
+                        reward_model=rm_hangs, normalize_reward=False, gold_scorer=None,
+                        reward_timeout=0.2)  # fmt: skip
+    envs.reset(seed=0)
+    eos = envs.unwrapped.eos_token_id
+    start = time.perf_counter()
+    pattern = (
+        r"'.*rm_hangs' did not return within reward_timeout=0.2 s on a batch of 1 episode\(s\) \(env slots \[1\]\)"
+    )
+    with pytest.raises(RewardModelError, match=pattern):
+        envs.step(np.array([7, eos]))
+    assert time.perf_counter() - start < 5
+    release.set()
+    _, _, terminated, _, _ = envs.step(np.array([7, eos]))  # the step was undone: the retry scores it
+    assert terminated.tolist() == [False, True]
+
+
+def test_a_bad_score_names_the_env_slot_not_only_the_batch_row():
+    envs = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3,
+                        reward_model=rm_nan, normalize_reward=False, gold_scorer=None)  # fmt: skip
+    envs.reset(seed=0, options={"prompt": ["first", "second"]})
+    pattern = r"'rm_nan' returned nan for episode 0 of the batch \(env slot 1\) \(prompt='second'"
+    with pytest.raises(RewardModelError, match=pattern):
+        envs.step(np.array([7, envs.unwrapped.eos_token_id]))
+
+
+# ---------------------------------------------------------------- smaller
+def test_a_refused_vector_reset_seed_reseeds_nothing(vec):
+    vec.reset(seed=0)
+    slots = [r.bit_generator.state for r in vec.unwrapped._slot_rngs]
+    env_rng = vec.unwrapped.np_random.bit_generator.state
+    with pytest.raises(ValueError, match=r"seed=\[0, -1\] must be an int, None or a list of 2 int/None \(ints >= 0\)"):
+        vec.reset(seed=[0, -1])
+    assert [r.bit_generator.state for r in vec.unwrapped._slot_rngs] == slots
+    assert vec.unwrapped.np_random.bit_generator.state == env_rng
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_special_token_text_in_a_prompt_stays_text(tmp_path, chat):
+    from textgym.models import load_tokenizer
+
+    tok = load_tokenizer()
+    kwargs = {}
+    if chat:
+        tok.chat_template = "{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+        tok.save_pretrained(tmp_path / "tok")
+        kwargs = {"tokenizer": str(tmp_path / "tok"), "chat_template": True}
+    prompt = f"The {tok.pad_token} movie {tok.eos_token}"
+    env = gym.make("TextRLHF-v0", prompts=[prompt], max_new_tokens=2, reward_model="length", gold_scorer=None,
+                   **kwargs)  # fmt: skip
+    obs, _ = env.reset(seed=0)
+    P = env.unwrapped.max_prompt_tokens
+    ids = obs["input_ids"][:P][obs["attention_mask"][:P] == 1].tolist()
+    assert ids[0] == tok.bos_token_id  # BOS (written by the tokenizer or the template) is still a special token
+    assert tok.pad_token_id not in ids and tok.eos_token_id not in ids
+
+
+def test_a_long_prompt_is_not_echoed_in_full(single):
+    with pytest.raises(ValueError, match=r"\(9800 characters\) is \d+ tokens, more than max_prompt_tokens") as err:
+        single.reset(options={"prompt": "The movie was " * 700})
+    assert len(str(err.value)) < 400
+
+
+@pytest.mark.parametrize("command", [["train", "--out", "{tmp}/run"], ["play"], ["eval"]])
+def test_a_negative_seed_names_the_flag(command, tmp_path, capsys):
+    from textgym.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([c.replace("{tmp}", str(tmp_path)) for c in command] + ["--seed", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --seed: '-1' is not an int in [0, 2**32 - 1]" in capsys.readouterr().err

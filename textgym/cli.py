@@ -11,7 +11,27 @@ import os
 import sys
 from pathlib import Path
 
+from textgym.utils import FolderInUseError
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _seed(text: str) -> int:
+    """``--seed``: an int in numpy's seed range, checked by argparse so the error names the flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int in [0, 2**32 - 1]")
+    return value
+
+
+def _set_flag_type(parser: argparse.ArgumentParser, flag: str, kind) -> None:
+    """Give an existing flag another type (the train flags are made from the config's fields)."""
+    for action in parser._actions:
+        if flag in action.option_strings:
+            action.type = kind
 
 
 def _env_args(
@@ -39,7 +59,7 @@ def _calibration_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", default=None, help="prompts for calibration (default: embedded set)")
     parser.add_argument("--episodes", type=int, default=512, help="samples of pi_ref to measure mean/std on")
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_seed, default=0)
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -93,7 +113,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from textgym.agents.ppo.config import config_from_args
 
     cfg = config_from_args(args)
-    history = train(cfg)
+    history = train(cfg, overwrite=args.overwrite)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
     print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")
@@ -190,13 +210,15 @@ def main(argv: list[str] | None = None) -> None:
     _env_args(p)
     p.add_argument("--episodes", type=int, default=5)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("train", help="train the policy with PPO (TorchRL)")
     from textgym.agents.ppo.config import add_config_args  # dataclass and flags only: no TorchRL import
 
     add_config_args(p)
+    _set_flag_type(p, "--seed", _seed)
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out (refused without it or --resume)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
@@ -205,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
     p.add_argument("--episodes", type=int, default=128)
     p.add_argument("--num-envs", type=int, default=64)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=_seed, default=1234)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.set_defaults(func=cmd_eval)
 
@@ -242,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, FolderInUseError) as err:
         print(f"textgym {args.command}: error: {err}", file=sys.stderr)
         sys.exit(2)
 

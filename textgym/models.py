@@ -8,6 +8,7 @@ folder or hub id (already in the local cache: nothing is downloaded at run time 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -27,8 +28,11 @@ __all__ = [
     "DEFAULT_RM",
     "DEFAULT_PROMPTS",
     "EVAL_PROMPTS",
+    "TOKENIZER_FILES",
+    "check_finite_output",
     "left_pad",
     "load_causal_lm",
+    "load_pretrained",
     "load_tokenizer",
     "pad_id_for",
     "resolve_device",
@@ -72,29 +76,147 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+# Any one of these makes a folder a tokenizer folder (fast, SentencePiece, BPE and WordPiece layouts).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def _check_source(name: str, value: str | os.PathLike) -> str:
-    """A local folder is used as is; a string that can only be a path must exist; else a hub id."""
+    """A local folder is used as is; a hub id only when the string cannot be a path (and, offline, is cached).
+
+    A string that looks like a path and does not exist fails at once: transformers would take
+    ``runs/x`` for a hub id and retry the network for half a minute before failing.
+    """
     text = os.fspath(value)
     path = Path(text).expanduser()
-    if path.exists():
+    if path.is_dir():
         return str(path)
-    if text.startswith((".", "/", "~")) or text.count("/") != 1:
-        raise FileNotFoundError(f"{name}={text!r} does not exist; give a Hugging Face model folder or a hub id")
+    if path.exists():
+        raise ValueError(f"{name}={text!r} is a file, not a folder; give a Hugging Face model folder or a hub id")
+    if _looks_like_path(text):
+        raise FileNotFoundError(
+            f"{name}={text!r} does not exist (no such folder); give a Hugging Face model folder or a hub id 'org/name'"
+        )
+    if _hub_offline() and not _in_hub_cache(text):
+        raise FileNotFoundError(
+            f"{name}={text!r} does not exist (no such folder) and is not a hub id in the local cache; "
+            "downloads are off (HF_HUB_OFFLINE is set): give a Hugging Face model folder"
+        )
     return text
 
 
-def load_tokenizer(source: str | os.PathLike | None = None, name: str = "tokenizer"):
-    """Load a tokenizer (default: the embedded one); it must have an EOS token."""
+def _looks_like_path(text: str) -> bool:
+    """Not of the form ``org/name``, or ``org`` is a local folder (``runs/x`` beside a ``runs`` folder)."""
+    if text.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(text):
+        return True
+    return Path(text.split("/")[0]).is_dir()
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / ("models--" + repo_id.replace("/", "--"))).is_dir()
+
+
+def _load_error(name: str, src: str, what: str, err: Exception) -> Exception:
+    """One error naming the argument, the path and the cause: missing files stay FileNotFoundError."""
+    kind = FileNotFoundError if isinstance(err, OSError) else ValueError
+    return kind(f"{name}={src!r} could not be loaded as {what}: {type(err).__name__}: {err}")
+
+
+def load_tokenizer(source: str | os.PathLike | None = None, name: str = "tokenizer", require_eos: bool = True):
+    """Load a tokenizer (default: the embedded one); with ``require_eos`` it must have an EOS token.
+
+    A local folder must hold tokenizer files: transformers 5 would build an empty tokenizer from a
+    model folder without them.
+    """
     from transformers import AutoTokenizer
 
     src = _check_source(name, source if source is not None else DEFAULT_LM)
+    if Path(src).is_dir() and not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{name}={src!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "give a folder with its tokenizer, or the tokenizer's folder as tokenizer="
+        )
     try:
         tok = AutoTokenizer.from_pretrained(src)
-    except OSError as err:
-        raise FileNotFoundError(f"{name}={src!r} could not be loaded as a tokenizer: {err}") from err
-    if tok.eos_token_id is None:
+    except Exception as err:  # tokenizers and transformers raise many types; one clear error instead
+        raise _load_error(name, src, "a tokenizer", err) from err
+    if require_eos and tok.eos_token_id is None:
         raise ValueError(f"{name}={src!r} has no EOS token; the environment ends episodes on EOS")
     return tok
+
+
+def _check_model_folder(name: str, src: str) -> None:
+    """A local model folder has a config.json and weights files whose headers and sizes are intact."""
+    from safetensors import safe_open
+
+    folder = Path(src)
+    if not folder.is_dir():
+        return  # a hub id: transformers checks the download
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{name}={src!r} has no config.json: it is not a Hugging Face model folder")
+    for file in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except Exception as err:  # safetensors' own error type: header too small, incomplete buffer, bad JSON
+            raise ValueError(
+                f"{name}={src!r}: {file.name} is truncated or corrupt ({type(err).__name__}: {err})"
+            ) from err
+
+
+def load_pretrained(auto_class, source: str | os.PathLike, name: str, what: str, dtype=None):
+    """``auto_class.from_pretrained`` that says what is wrong: bad files, or weights that do not fit.
+
+    Every weight the checkpoint lacks (initialised at random) or carries unused is refused: that
+    is a model of another kind (a causal LM given as a reward model, or the reverse).
+
+    Returns:
+        ``(model, src)``, ``src`` the checked folder or hub id.
+    """
+    src = _check_source(name, source)
+    _check_model_folder(name, src)
+    try:
+        model, info = auto_class.from_pretrained(src, dtype=resolve_dtype(dtype), output_loading_info=True)
+    except Exception as err:  # config, weights and architecture errors come in many types
+        raise _load_error(name, src, what, err) from err
+    _check_loading_info(name, src, what, model, info)
+    return model, src
+
+
+def _check_loading_info(name: str, src: str, what: str, model, info: dict) -> None:
+    """Refuse weights initialised at random or left unused: transformers only logs them (and we silence its logs)."""
+    missing, unexpected = sorted(info["missing_keys"]), sorted(info["unexpected_keys"])
+    parts = []
+    if missing:
+        parts.append(f"initialised at random (not in the checkpoint): {', '.join(missing[:4])}")
+    if unexpected:
+        parts.append(f"in the checkpoint but unused: {', '.join(unexpected[:4])}")
+    if parts:
+        arch = ", ".join(getattr(model.config, "architectures", None) or ["unknown"])
+        raise ValueError(
+            f"{name}={src!r} is not {what}: {'; '.join(parts)} (its config.json says {arch}); "
+            "give a folder saved as that kind of model (a reward model comes from `textgym rm-train`)"
+        )
+
+
+@torch.no_grad()
+def check_finite_output(name: str, src: str, model) -> None:
+    """One forward of one token: a corrupt (bit-flipped) weight fails here, naming the model, not as NaN rewards."""
+    token = 1 if getattr(model.config, "pad_token_id", None) == 0 else 0  # not PAD: a classifier pools on it
+    logits = model(input_ids=torch.tensor([[token]], device=next(model.parameters()).device)).logits
+    if not torch.isfinite(logits).all():
+        raise ValueError(
+            f"{name}={src!r} gives non-finite outputs (nan or inf) on a one-token input: its weights are "
+            f"corrupt (a bit flip, a bad conversion) or overflow in {next(model.parameters()).dtype}"
+        )
 
 
 def pad_id_for(tokenizer, stop_ids=frozenset()) -> int:
@@ -136,17 +258,20 @@ def load_causal_lm(
     name: str = "model",
     trainable: bool = False,
 ):
-    """Load a causal LM in ``dtype`` (default float32) on ``device``; frozen and in eval mode unless ``trainable``."""
+    """Load a causal LM in ``dtype`` (default float32) on ``device``; frozen and in eval mode unless ``trainable``.
+
+    Raises:
+        FileNotFoundError / ValueError: naming ``name``, the path and the cause (no such folder, a
+            corrupt weights file, weights of another kind of model, non-finite outputs).
+    """
     from transformers import AutoModelForCausalLM
 
     quiet_transformers()
-    src = _check_source(name, source if source is not None else DEFAULT_LM)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=resolve_dtype(dtype))
-    except OSError as err:
-        raise FileNotFoundError(f"{name}={src!r} could not be loaded as a causal LM: {err}") from err
+    source = source if source is not None else DEFAULT_LM
+    model, src = load_pretrained(AutoModelForCausalLM, source, name, "a causal LM", dtype)
     model.to(resolve_device(device))
     model.eval()  # also for a trainable policy: PPO needs dropout off (N+ implementation details)
+    check_finite_output(name, src, model)
     model.requires_grad_(trainable)
     return model
 
@@ -206,18 +331,27 @@ class CachedDecoder:
 
         Finished slots are fed a token too (their rows are rewritten at their next reset), which
         keeps the batch rectangular and costs less than selecting the live rows every step.
+        A forward that raises (even KeyboardInterrupt) leaves the decoder as it was: the layers it
+        already grew get their previous keys and values back.
         """
         if self.cache is None:
             raise RuntimeError("CachedDecoder.step() before any prefill()")
         ones = torch.ones(self.num_slots, 1, dtype=torch.long, device=self.device)
-        self.mask = torch.cat([self.mask, ones], dim=1)  # (N, C+1)
-        out = self.model(
-            input_ids=tokens.view(-1, 1),
-            attention_mask=self.mask,
-            position_ids=self.next_pos.view(-1, 1),
-            cache=self.cache,
-            use_cache=True,
-        )
+        mask = torch.cat([self.mask, ones], dim=1)  # (N, C+1)
+        before = [(layer.keys, layer.values) for layer in self.cache.layers]  # a step concatenates: no in-place change
+        try:
+            out = self.model(
+                input_ids=tokens.view(-1, 1),
+                attention_mask=mask,
+                position_ids=self.next_pos.view(-1, 1),
+                cache=self.cache,
+                use_cache=True,
+            )
+        except BaseException:
+            for layer, (keys, values) in zip(self.cache.layers, before):
+                layer.keys, layer.values = keys, values
+            raise
+        self.mask = mask
         self.cache = out.cache
         self.next_pos += 1
         self._trim()

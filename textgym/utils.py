@@ -1,32 +1,197 @@
-"""Small file-system helpers."""
+"""Small file-system helpers: atomic folder and file writes, their crash recovery, a folder lock; short reprs."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["save_folder_atomically"]
+__all__ = [
+    "FolderInUseError",
+    "lock_folder",
+    "recover_folder",
+    "save_folder_atomically",
+    "short_repr",
+    "write_text_atomically",
+]
+
+
+class FolderInUseError(RuntimeError):
+    """Another process holds the lock of a folder (see :func:`lock_folder`)."""
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: an error message never echoes a 10k-character prompt."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, str):
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return f"{text[:limit]}... ({type(value).__name__}, {len(text)} characters as repr)"
+
+
+# ---------------------------------------------------------------- atomic folders
+# Names beside OUT during a save: `.OUT.<32 hex>` is being written (an orphan is incomplete), `.OUT.new`
+# is complete and waits for the swap, `.OUT.old` is the previous version during the swap. At every
+# instant a complete copy exists under one of OUT, `.OUT.new`, `.OUT.old`.
+
+
+def _sibling(out: Path, tag: str) -> Path:
+    return out.with_name(f".{out.name}.{tag}")
 
 
 def save_folder_atomically(out: str | Path, write: Callable[[Path], object]) -> None:
-    """Call ``write(tmp_dir)`` then move ``tmp_dir`` onto ``out``: no half-written folder is left."""
+    """Call ``write(tmp_dir)``, then swap ``tmp_dir`` in for ``out``: no half-written folder is ever at ``out``.
+
+    A crash at any point leaves a complete copy that :func:`recover_folder` (also run here first)
+    puts back at ``out``. Files get the modes the umask gives (some writers create theirs 0600),
+    and are fsynced before the swap so that a power cut cannot leave a renamed but empty file.
+    One writer per folder: a trainer holds :func:`lock_folder` on its run folder.
+    """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # a plain mkdir (not mkdtemp, whose 0700 would make the saved folder private): the umask applies
-    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}")
-    tmp.mkdir()
+    recover_folder(out)
+    tmp = _sibling(out, uuid.uuid4().hex)
+    tmp.mkdir()  # a plain mkdir (not mkdtemp, whose 0700 would make the saved folder private): the umask applies
     try:
         write(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
+        _follow_umask(tmp)
+        _fsync_tree(tmp)
+        os.rename(tmp, _sibling(out, "new"))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _swap_in(out)
+
+
+def _swap_in(out: Path) -> None:
+    """``.OUT.new`` becomes ``out``; the previous ``out`` waits as ``.OUT.old`` until the new one is in place."""
+    if out.exists():
+        os.rename(out, _sibling(out, "old"))
+    os.rename(_sibling(out, "new"), out)
+    _fsync_dir(out.parent)
+    shutil.rmtree(_sibling(out, "old"), ignore_errors=True)
+
+
+def recover_folder(out: str | Path) -> str | None:
+    """Finish or undo a save of ``out`` that a crash interrupted; remove incomplete temp folders.
+
+    Returns:
+        What was done (for the caller to report), or None when there was nothing to do.
+    """
+    out = Path(out)
+    new, old = _sibling(out, "new"), _sibling(out, "old")
+    done = []
+    for orphan in _orphans(out):
+        shutil.rmtree(orphan, ignore_errors=True)
+        done.append(f"removed the incomplete {orphan.name}")
+    if new.is_dir():
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+        _swap_in(out)
+        done.append(f"finished the interrupted swap: the complete {new.name} is now {out.name}")
+    elif old.is_dir() and not out.exists():
+        os.rename(old, out)
+        done.append(f"restored the previous version {old.name} as {out.name} (the newer one was never complete)")
+    elif old.is_dir():
+        shutil.rmtree(old, ignore_errors=True)
+        done.append(f"removed the leftover {old.name}")
+    return "; ".join(done) or None
+
+
+def _orphans(out: Path) -> list[Path]:
+    """``.OUT.<32 hex>`` folders: writes that never finished."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.[0-9a-f]{{32}}")
+    if not out.parent.is_dir():
+        return []
+    return sorted(p for p in out.parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir())
+
+
+def _follow_umask(folder: Path) -> None:
+    """Give every entry the mode a plain ``mkdir``/``open`` would: safetensors writes its files 0600."""
+    dir_mode = folder.stat().st_mode & 0o777  # ``folder`` comes from a plain mkdir: 0o777 minus the umask
+    for path in folder.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(dir_mode if path.is_dir() else dir_mode & 0o666)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in (*folder.rglob("*"), folder):
+        if path.is_file() or path.is_dir():
+            _fsync_path(path)
+
+
+def _fsync_dir(folder: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems cannot fsync a directory
+        _fsync_path(folder)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` through ``.NAME.tmp`` and a rename: a crash leaves the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- lock
+@contextlib.contextmanager
+def lock_folder(folder: str | Path, argument: str = "folder") -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` for the ``with`` block, or fail at once naming the holder.
+
+    The lock is ``flock`` on ``folder/.lock`` (which holds the holder's pid): the kernel releases it
+    when its process dies, so a crash never leaves a stale lock. POSIX only.
+
+    Raises:
+        FolderInUseError: another process (or another ``lock_folder`` in this one) holds it.
+    """
+    path = Path(folder) / ".lock"
+    fd = _acquire(path, argument)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the unlock: a waiter then sees a removed file and retries
+        os.close(fd)
+
+
+def _acquire(path: Path, argument: str) -> int:
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise FolderInUseError(
+                f"{argument}={str(path.parent)!r} is in use by another process (pid {holder}, lock {path}); "
+                "wait for it to finish or use another folder"
+            ) from None
+        if _same_file(fd, path):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)  # the holder removed the file between our open and our lock: lock the new one
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+
+from textgym.utils import short_repr
 
 NORM_FILE = "textgym_reward.json"
 
@@ -74,17 +77,61 @@ class RewardModel(Protocol):
         ...
 
 
-def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
+class _Hung(Exception):
+    """``model.score`` did not return within the timeout (private: a model's own TimeoutError is not this)."""
+
+
+def _score_within(model: RewardModel, episodes: Episodes, timeout: float):
+    """``model.score(episodes)`` on a daemon thread, waited for at most ``timeout`` seconds.
+
+    A thread cannot be killed: a hung call is abandoned (it finishes, or not, in the background).
+    """
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["out"] = model.score(episodes)
+        except BaseException as err:  # handed to the caller's thread
+            box["err"] = err
+
+    thread = threading.Thread(target=run, name="textgym-reward-model", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise _Hung
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+def _batch(episodes: Episodes, slots: Sequence[int] | None) -> str:
+    where = f" (env slots {list(slots)})" if slots is not None else ""
+    return f"a batch of {len(episodes)} episode(s){where}"
+
+
+def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] | None = None,
+                  timeout: float | None = None) -> np.ndarray:  # fmt: skip
     """Call ``model.score`` and check its output: finite floats, one per episode.
 
+    Args:
+        slots: the env slot of each episode, named in errors (episode i of a batch is not slot i).
+        timeout: seconds to wait for ``model.score`` (None: no limit).
+
     Raises:
-        RewardModelError: naming the reward model and, for a bad value, the offending episode.
+        RewardModelError: naming the reward model, the batch and, for a bad value, the offending episode.
     """
     name = getattr(model, "name", type(model).__name__)
     try:
-        raw = model.score(episodes)
+        raw = model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
+    except _Hung:
+        raise RewardModelError(
+            f"reward model {name!r} did not return within reward_timeout={timeout} s on {_batch(episodes, slots)}; "
+            "the call was abandoned and the step undone"
+        ) from None
     except Exception as err:  # surface any failure with the model's name attached
-        raise RewardModelError(f"reward model {name!r} raised {type(err).__name__}: {err}") from err
+        raise RewardModelError(
+            f"reward model {name!r} raised {type(err).__name__}: {err} (scoring {_batch(episodes, slots)})"
+        ) from err
     if isinstance(raw, torch.Tensor):
         raw = raw.detach().float().cpu().numpy()
     try:
@@ -93,7 +140,7 @@ def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
         scores = np.asarray(None)
     # Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word.
     if scores.dtype.kind not in "biuf":
-        shown = repr(raw) if len(repr(raw)) <= 80 else repr(raw)[:77] + "..."
+        shown = short_repr(raw)
         raise RewardModelError(
             f"reward model {name!r} returned {type(raw).__name__} {shown}, which is not one float per episode; "
             f"expected a sequence, array or tensor of {len(episodes)} real numbers"
@@ -109,9 +156,10 @@ def score_checked(model: RewardModel, episodes: Episodes) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(scores))
     if bad.size:
         i = int(bad[0])
+        where = f"episode {i}" if slots is None else f"episode {i} of the batch (env slot {slots[i]})"
         raise RewardModelError(
-            f"reward model {name!r} returned {scores[i]} for episode {i} "
-            f"(prompt={episodes.prompts[i]!r}, response={episodes.responses[i]!r}); scores must be finite"
+            f"reward model {name!r} returned {scores[i]} for {where} (prompt={short_repr(episodes.prompts[i])}, "
+            f"response={short_repr(episodes.responses[i])}); scores must be finite"
         )
     return scores
 

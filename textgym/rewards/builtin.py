@@ -10,7 +10,14 @@ import numpy as np
 import torch
 
 from textgym.functional import position_ids_from_mask
-from textgym.models import _check_source, left_pad, quiet_transformers, resolve_device, resolve_dtype
+from textgym.models import (
+    check_finite_output,
+    left_pad,
+    load_pretrained,
+    load_tokenizer,
+    quiet_transformers,
+    resolve_device,
+)
 from textgym.rewards.base import Episodes, load_norm
 
 __all__ = ["CallableRewardModel", "HFRewardModel", "KeywordReward", "LengthReward", "VaderScorer", "WeightedSumReward"]
@@ -44,18 +51,15 @@ class HFRewardModel:
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
     ):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoModelForSequenceClassification
 
         quiet_transformers()
-        src = _check_source("reward_model", source)
-        try:
-            self.model = AutoModelForSequenceClassification.from_pretrained(src, dtype=resolve_dtype(dtype))
-            self.tokenizer = AutoTokenizer.from_pretrained(src)
-        except OSError as err:
-            raise FileNotFoundError(
-                f"reward_model={src!r} could not be loaded as a sequence classifier: {err}"
-            ) from err
+        # A causal-LM folder would load with a randomly initialised score head: refused by load_pretrained.
+        self.model, src = load_pretrained(AutoModelForSequenceClassification, source, "reward_model",
+                                          "a reward model (a sequence classifier)", dtype)  # fmt: skip
+        self.tokenizer = load_tokenizer(src, name="reward_model", require_eos=False)
         self.model.to(resolve_device(device)).eval().requires_grad_(False)
+        check_finite_output("reward_model", src, self.model)
         self.source = src
         self.name = Path(src).name if Path(src).exists() else src
         self.norm = load_norm(src) if Path(src).exists() else None
@@ -95,7 +99,9 @@ class HFRewardModel:
         if self.shares_tokenizer:
             rows = [p + r for p, r in zip(episodes.prompt_ids, episodes.response_ids)]
         else:
-            rows = self.tokenizer([p + r for p, r in zip(episodes.prompts, episodes.responses)])["input_ids"]
+            # text such as "<pad>" in a prompt or response is text, not the special token (as the env encodes it)
+            texts = [p + r for p, r in zip(episodes.prompts, episodes.responses)]
+            rows = self.tokenizer(texts, split_special_tokens=True)["input_ids"]
         if eos is None:
             return rows
         return [row if row and row[-1] == eos else [*row, eos] for row in rows]

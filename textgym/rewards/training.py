@@ -75,12 +75,14 @@ def load_pairs(path: str | Path) -> list[PreferencePair]:
 def encode_episode(tokenizer, prompt: str, response: str) -> list[int]:
     """Token ids as the environment hands a finished episode to a reward model sharing its tokenizer.
 
-    prompt (with BOS when the tokenizer adds one) + response + EOS.
+    prompt (with BOS when the tokenizer adds one) + response + EOS; text such as ``"<pad>"`` is
+    encoded as text, never as the special token (as the environment encodes prompts).
     """
-    ids = tokenizer(prompt)["input_ids"] if prompt else []
+    ids = tokenizer(prompt, split_special_tokens=True)["input_ids"] if prompt else []
     if not ids:
         ids = [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
-    return ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    response_ids = tokenizer(response, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids + response_ids + [tokenizer.eos_token_id]
 
 
 def _rewards(model, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
