@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 demo: $(STAMP)
-	$(BIN)/textgym train --config demo
+	$(BIN)/textgym train --config demo --overwrite
 	$(BIN)/textgym eval --model runs/demo/policy --out runs/demo/eval.json
 	$(BIN)/python -m textgym.agents.ppo.plot runs/demo
 

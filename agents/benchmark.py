@@ -3,8 +3,8 @@ the same budget of env steps (tokens), the same evaluator.
 
 Every built-in optimises E[score] − β·KL(π‖π_ref) with the same fixed β, by the same route: the
 env pays β·log π_ref(a_t|s_t) per token and each agent adds −β·log π(a_t|s_t) of its own sample
-(the k1 per-token reward, whose expected gradient is exactly the objective's): ``torchrl_ppo`` and
-``reinforce`` in their per-token rewards, the SB3 algorithms through
+(the k1 per-token reward, whose expected gradient is exactly the objective's): ``torchrl_ppo``,
+``grpo``, ``rloo`` and ``reinforce`` in their per-token rewards, the SB3 algorithms through
 :class:`textgym.agents.sb3.KLPenaltyCallback` (ent_coef = 0; an entropy bonus is not equivalent).
 
 Budget: an algorithm is charged one env step per generated token of its training episodes, and
@@ -24,8 +24,9 @@ evaluation uses the same ones), and returns ``factory(envs)`` building a policy 
         ...                        # train with gym.make("TextRLHF-v0", **ctx.env_kwargs)
         return lambda envs: MyPolicy(envs)
 
-Built-ins: ``torchrl_ppo`` (ours), ``sb3_ppo``, ``sb3_a2c``, ``maskable_ppo`` (top-p masks, NLPO),
-``reinforce`` (policy gradient with a learned value baseline), and two that do not train:
+Built-ins: ``torchrl_ppo`` (ours), ``grpo`` and ``rloo`` (ours, critic-free, groups of 4 episodes per
+prompt), ``sb3_ppo``, ``sb3_a2c``, ``maskable_ppo`` (top-p masks, NLPO), ``reinforce`` (policy
+gradient with a learned value baseline), and two that do not train:
 ``reference`` (π_ref) and ``random`` (uniform tokens).
 """
 
@@ -120,27 +121,34 @@ def uniform_random(ctx: RunContext):
     return lambda envs: _UniformPolicy(envs, ctx.seed)
 
 
-# ---------------------------------------------------------------- episode-batch learners: our PPO, REINFORCE
-def _train_in_batches(ctx: RunContext, learner) -> None:
-    """Step ``learner.iteration(k)`` while episodes fit in the budget; log the curve."""
-    while (k := ctx.episodes_that_fit(ctx.env_steps)) > 0:
+# ---------------------------------------------------------------- episode-batch learners: PPO, GRPO, RLOO, REINFORCE
+def _train_in_batches(ctx: RunContext, learner, multiple: int = 1) -> None:
+    """Step ``learner.iteration(k)`` while episodes (k a multiple of ``multiple``) fit in the budget."""
+    while (k := ctx.episodes_that_fit(ctx.env_steps) // multiple * multiple) > 0:
         row = learner.iteration(k)
         ctx.log(row["env_steps"], row["score"])  # cumulative tokens of its training episodes
     learner.envs.close()
 
 
-@register_algorithm("torchrl_ppo")
-def torchrl_ppo(ctx: RunContext):
+GROUP_SIZE = 4  # GRPO/RLOO: episodes per prompt in the benchmark
+
+
+def _agent(ctx: RunContext, algo: str):
+    """Our TorchRL agent with ``algo`` (PPO, or critic-free GRPO/RLOO) in the bench's env, on CPU like the others."""
     from .ppo import PPOConfig, Trainer
 
     kw = ctx.env_kwargs
     cfg = PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
-                    max_new_tokens=kw["max_new_tokens"], kl_coef=kw["kl_coef"], target_kl=None,
-                    num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=3e-4,
+                    algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"], kl_coef=kw["kl_coef"],
+                    target_kl=None, num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=3e-4,
                     critic_learning_rate=1e-3, progress=False)  # fmt: skip
     trainer = Trainer.create(cfg, env_overrides=kw)  # the very env every algorithm trains in
-    _train_in_batches(ctx, trainer)
+    _train_in_batches(ctx, trainer, GROUP_SIZE if algo != "ppo" else 1)
     return _sampler_factory(trainer.policy, ctx.seed)
+
+
+for _algo, _name in (("ppo", "torchrl_ppo"), ("grpo", "grpo"), ("rloo", "rloo")):
+    register_algorithm(_name)(lambda ctx, _a=_algo: _agent(ctx, _a))
 
 
 @register_algorithm("reinforce")

@@ -62,7 +62,7 @@ def test_bench_quick_preset(tmp_path):
     out = run([*TEXTGYM, "bench", "--quick", "--out", str(tmp_path / "bench")])
     assert "results.csv" in out
     table = [line for line in (tmp_path / "bench" / "results.md").read_text().splitlines() if line.startswith("|")]
-    assert len(table) == 2 + 7  # header + one row per algorithm
+    assert len(table) == 2 + 9  # header + one row per algorithm
 
 
 def test_cli_errors_name_the_argument():

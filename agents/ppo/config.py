@@ -9,9 +9,16 @@ from typing import Any
 
 from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
 
-__all__ = ["KL_PENALTIES", "PPOConfig", "PRESETS", "add_config_args", "config_from_args"]
+__all__ = ["KL_PENALTIES", "PPOConfig", "PRESETS", "RESUME_APPLIED", "RESUME_FREE", "add_config_args",
+           "config_from_args"]  # fmt: skip
 
 KL_PENALTIES = ("k1_reward", "k2_loss", "k3_loss")
+ALGOS = ("ppo", "grpo", "rloo")
+# On resume: fields that may change and are applied from the resumed iteration on (the optimizer's
+# learning rates are set again after its state loads), and fields that do not touch the run's numbers.
+# Every other field defines the run (models, env, seed, algorithm): a change is refused.
+RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate")
+RESUME_FREE = ("out", "resume", "checkpoint_every", "progress")
 
 
 @dataclass
@@ -22,10 +29,18 @@ class PPOConfig:
     Attributes:
         total_episodes: episodes (prompt + response) to train on.
         num_envs: env slots = episodes per rollout (the PPO batch).
+        algo: ``ppo`` (clipped surrogate, GAE over a learned critic), ``grpo`` (no critic: each
+            episode's return minus its group's mean, over the group's std, for every token;
+            Shao et al., 2024) or ``rloo`` (no critic: the return minus the mean of the other
+            G − 1 returns of its group, an unbiased baseline; Ahmadian et al., 2024).
+        group_size: G, episodes per prompt for ``grpo``/``rloo`` (``num_envs`` holds
+            ``num_envs / G`` groups).
         seed: seeds the env, the sampling and the model initialisation.
         device: ``auto``, ``cpu`` or ``cuda`` (bf16 autocast on CUDA).
         out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
-        resume: continue from ``out/checkpoint`` if it exists.
+        resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
+            ``RESUME_APPLIED`` fields may change (applied from the resumed iteration on), ``RESUME_FREE``
+            ones freely; a folder without a run starts one.
         model: π_ref and the policy's initialisation (HF folder or id; default embedded LM).
         reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
         prompts: train prompts (list file or default set).
@@ -61,6 +76,8 @@ class PPOConfig:
 
     total_episodes: int = 4096
     num_envs: int = 64
+    algo: str = "ppo"
+    group_size: int = 8
     seed: int = 0
     device: str = "auto"
     out: str = "runs/ppo"
@@ -94,7 +111,7 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         positive_ints = ("total_episodes", "num_envs", "max_new_tokens", "ppo_epochs", "num_minibatches",
-                         "checkpoint_every", "kl_horizon")  # fmt: skip
+                         "checkpoint_every", "kl_horizon", "group_size")  # fmt: skip
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -120,6 +137,12 @@ class PPOConfig:
             raise ValueError(
                 f"kl_penalty={self.kl_penalty!r} is not one of {KL_PENALTIES}: only k1 belongs in a reward "
                 "(k2/k3 as rewards have the wrong expected gradient); k2/k3 enter the loss with their gradient"
+            )
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo={self.algo!r} is not one of {ALGOS}")
+        if self.algo != "ppo" and (self.group_size < 2 or self.num_envs % self.group_size):
+            raise ValueError(
+                f"group_size={self.group_size} must be >= 2 and divide num_envs={self.num_envs} for algo={self.algo!r}"
             )
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision={self.precision!r} is not one of 'auto', 'fp32', 'bf16'")

@@ -115,7 +115,7 @@ def make_critic(reward_model, policy: nn.Module) -> nn.Module:
 
 def make_loss(
     policy: nn.Module,
-    critic: nn.Module,
+    critic: nn.Module | None,
     prompt_len: int,
     temperature: float,
     clip_epsilon: float,
@@ -123,6 +123,8 @@ def make_loss(
     critic_coef: float,
 ) -> tuple[ClipPPOLoss, TokenLogits]:
     """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding.
+
+    Without a critic (GRPO, RLOO: the advantages come from groups) it is the clipped surrogate alone.
 
     Returns the loss and its :class:`TokenLogits` (hook it to read the logits of the last call, for
     :func:`ppo_diagnostics` — ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics — and
@@ -137,16 +139,18 @@ def make_loss(
         distribution_class=Categorical,
         return_log_prob=True,
     )
-    value = ValueOperator(TokenValues(critic, prompt_len), in_keys=["sequence", "sequence_mask"])
+    value = None
+    if critic is not None:
+        value = ValueOperator(TokenValues(critic, prompt_len), in_keys=["sequence", "sequence_mask"])
     loss = ClipPPOLoss(
         actor,
         value,
         clip_epsilon=clip_epsilon,
         entropy_bonus=True,
         entropy_coeff=0.0,  # the KL penalty is in the reward; entropy is only reported
-        critic_coeff=critic_coef,
+        critic_coeff=critic_coef if critic is not None else None,
         loss_critic_type="l2",
-        clip_value=clip_value,
+        clip_value=clip_value if critic is not None else None,
         normalize_advantage=False,  # whitened over valid tokens before the loss (masked_whiten)
         functional=False,
     )

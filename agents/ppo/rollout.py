@@ -12,7 +12,7 @@ from torchrl.objectives.value.functional import generalized_advantage_estimate
 
 from textgym.functional import masked_mean, masked_whiten
 
-__all__ = ["compute_advantages", "explained_variance", "per_token_rewards", "sequence_batch"]
+__all__ = ["compute_advantages", "explained_variance", "group_advantages", "per_token_rewards", "sequence_batch"]
 
 PER_TOKEN_KEYS = ("action", "sample_log_prob", "ref_logprob", "env_reward", "mask")
 
@@ -95,3 +95,29 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     var_ret = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     var_err = masked_mean((returns - values - masked_mean(returns - values, mask)) ** 2, mask)
     return float(1 - var_err / var_ret.clamp(min=1e-8))
+
+
+def group_advantages(returns: torch.Tensor, group_size: int, algo: str, eps: float = 1e-6) -> torch.Tensor:
+    """Critic-free advantages of groups of G episodes on one prompt (consecutive rows).
+
+    ``grpo``: (R_i − mean_g R) / (std_g R + eps), the group-standardised return of GRPO (Shao
+    et al., 2024, DeepSeekMath). ``rloo``: R_i − mean_{j ≠ i} R_j, the leave-one-out baseline
+    (Ahmadian et al., 2024): it does not depend on R_i, so the estimate stays unbiased.
+
+    Args:
+        returns: ``(B,)`` episode returns, B a multiple of ``group_size``.
+        group_size: G >= 2.
+        algo: ``"grpo"`` or ``"rloo"``.
+
+    Returns:
+        ``(B,)`` advantages, one per episode (every token of it gets the same one).
+    """
+    if returns.dim() != 1 or group_size < 2 or returns.shape[0] % group_size:
+        raise ValueError(f"returns of shape {tuple(returns.shape)} must be (B,) with B a multiple of "
+                         f"group_size={group_size} >= 2")  # fmt: skip
+    r = returns.view(-1, group_size)  # (B/G, G)
+    if algo == "grpo":
+        return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+    if algo == "rloo":
+        return (r - (r.sum(1, keepdim=True) - r) / (group_size - 1)).view(-1)
+    raise ValueError(f"algo={algo!r} is not one of 'grpo', 'rloo'")

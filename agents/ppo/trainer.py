@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +25,13 @@ from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import resolve_device
 from textgym.policies import LMSampler
-from textgym.utils import save_folder_atomically
+from textgym.utils import lock_folder, recover_folder, save_folder_atomically, short_repr, write_text_atomically
 
 from ..evaluate import RUN_INFO
-from .config import PPOConfig
+from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig
 from .kl import make_kl_controller
 from .models import TokenLogits, TokenValues, make_actor, make_critic, make_loss, ppo_diagnostics
-from .rollout import compute_advantages, explained_variance, per_token_rewards, sequence_batch
+from .rollout import compute_advantages, explained_variance, group_advantages, per_token_rewards, sequence_batch
 
 __all__ = ["Trainer", "train"]
 
@@ -41,7 +43,7 @@ class Trainer:
     cfg: PPOConfig
     envs: Any
     policy: torch.nn.Module
-    critic: torch.nn.Module
+    critic: torch.nn.Module | None  # None for the critic-free GRPO and RLOO
     loss: Any
     actor_logits: TokenLogits
     optimizer: torch.optim.Optimizer
@@ -76,16 +78,13 @@ class Trainer:
         )
         base = envs.unwrapped
         policy = make_actor(base.model)
-        critic = make_critic(base.reward_model, policy)
+        critic = make_critic(base.reward_model, policy) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
         loss, actor_logits = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
                                        cfg.clip_value, cfg.critic_coef)  # fmt: skip
-        optimizer = torch.optim.AdamW(
-            [
-                {"params": list(policy.parameters()), "lr": cfg.learning_rate},
-                {"params": list(critic.parameters()), "lr": cfg.critic_learning_rate},
-            ],
-            eps=1e-5,
-        )
+        groups = [{"params": list(policy.parameters()), "lr": cfg.learning_rate}]
+        if critic is not None:
+            groups.append({"params": list(critic.parameters()), "lr": cfg.critic_learning_rate})
+        optimizer = torch.optim.AdamW(groups, eps=1e-5)
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
@@ -109,8 +108,12 @@ class Trainer:
         beta = self.last_beta = self.kl_ctl.value
         base.kl_coef = beta
         timing: dict[str, float] = {}
+        seed = cfg.seed if self.iteration_done == 0 else None
+        if seed is not None and cfg.algo != "ppo":  # seed the slots' prompt RNGs before groups draw from them
+            self.envs.reset(seed=seed)
+            seed = None
         episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, autocast=self.autocast,
-                                    seed=cfg.seed if self.iteration_done == 0 else None, timing=timing)  # fmt: skip
+                                    seed=seed, prompts=self._group_prompts(num_episodes), timing=timing)  # fmt: skip
         data = sequence_batch(episodes).to(self.device)
 
         # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
@@ -118,14 +121,12 @@ class Trainer:
         data["sample_log_prob"] = self._old_logprobs(data)
         mismatch = ((data["sample_log_prob"] - sampled).abs() * data["mask"]).max().item()
 
-        # -- per-token KL-penalised rewards and GAE (one critic forward per sequence)
+        # -- per-token KL-penalised rewards; advantages by GAE over the critic (PPO) or by groups
         in_reward = beta if cfg.kl_penalty == "k1_reward" else 0.0
         reward, log_ratio = per_token_rewards(data["env_reward"], data["sample_log_prob"], data["ref_logprob"],
                                               data["mask"], beta, in_reward)  # fmt: skip
         data["reward"] = reward
-        with self.autocast():
-            compute_advantages(data, TokenValues(self.critic, base.max_prompt_tokens), cfg.gamma, cfg.lmbda,
-                               cfg.whiten_rewards)  # fmt: skip
+        advantage_stats = self._advantages(data)
         t1 = time.perf_counter()
 
         # -- PPO update: epochs × minibatches of whole sequences
@@ -150,7 +151,7 @@ class Trainer:
             "kl": kl_per_seq,
             "beta": beta,
             "response_length": float(mask.float().sum(1).mean()),
-            "explained_variance": explained_variance(data["state_value"][..., 0], data["value_target"][..., 0], mask),
+            **advantage_stats,
             "logprob_mismatch": mismatch,
             **stats,
             "tokens_per_s": tokens / timing["seconds"],
@@ -159,6 +160,30 @@ class Trainer:
             "time_advantage": t1 - t0 - timing["seconds"],
             "time_update": t2 - t1,
         }
+
+    def _group_prompts(self, num_episodes: int | None) -> list[str] | None:
+        """GRPO/RLOO: one prompt per group of G consecutive slots (drawn with the group's first slot RNG)."""
+        if self.cfg.algo == "ppo":
+            return None  # every slot draws its own
+        n, g = num_episodes or self.cfg.num_envs, self.cfg.group_size
+        if n % g:
+            raise ValueError(f"num_episodes={n} must be a multiple of group_size={g} for algo={self.cfg.algo!r}")
+        return [p for p in self.envs.unwrapped.draw_prompts(range(0, n, g)) for _ in range(g)]
+
+    @torch.no_grad()
+    def _advantages(self, data) -> dict[str, float]:
+        """Write ``advantage`` (B, T, 1) into ``data``: GAE over the critic (PPO) or the group baseline."""
+        cfg, mask = self.cfg, data["mask"]
+        if cfg.algo == "ppo":
+            with self.autocast():
+                compute_advantages(data, TokenValues(self.critic, self.envs.unwrapped.max_prompt_tokens), cfg.gamma,
+                                   cfg.lmbda, cfg.whiten_rewards)  # fmt: skip
+            return {"explained_variance": explained_variance(data["state_value"][..., 0], data["value_target"][..., 0],
+                                                             mask)}  # fmt: skip
+        returns = data["reward"].sum(1)  # (B,) the episode's KL-penalised return (γ = 1)
+        advantage = group_advantages(returns, cfg.group_size, cfg.algo)  # (B,): every token of an episode
+        data["advantage"] = (advantage[:, None] * mask).unsqueeze(-1)  # (B, T, 1)
+        return {"group_return_std": float(returns.view(-1, cfg.group_size).std(1).mean())}
 
     @torch.no_grad()
     def _old_logprobs(self, data) -> torch.Tensor:
@@ -193,21 +218,23 @@ class Trainer:
                 self._last_logits.clear()
                 with self.autocast():
                     out = self.loss(mb)
-                total = out["loss_objective"] + out["loss_critic"] + out["loss_entropy"]
+                total = out["loss_objective"] + out.get("loss_critic", 0.0) + out["loss_entropy"]
                 if cfg.kl_penalty != "k1_reward":
                     out["loss_kl"] = self._kl_loss(mb, beta)
                     total = total + out["loss_kl"]
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
                 torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+                if self.critic is not None:
+                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 n_updates += 1
                 # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
                 diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
                                        cfg.clip_epsilon)  # fmt: skip
                 diag["policy_loss"] = out["loss_objective"].item()
-                diag["value_loss"] = out["loss_critic"].item()
+                if "loss_critic" in out.keys():
+                    diag["value_loss"] = out["loss_critic"].item()
                 if "loss_kl" in out:
                     diag["kl_loss"] = out["loss_kl"].item()
                 for key, value in diag.items():
@@ -217,37 +244,48 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, out: Path) -> None:
-        """``out/checkpoint`` (everything to resume) and plain HF folders ``out/policy``, ``out/value``."""
+        """``out/checkpoint`` (everything to resume) and plain HF folders ``out/policy``, ``out/value`` (PPO only).
+
+        Each folder is swapped in atomically (see :func:`textgym.utils.save_folder_atomically`).
+        """
         tok = self.envs.unwrapped.tokenizer
 
-        def write_checkpoint(tmp: Path) -> None:
-            self.policy.save_pretrained(tmp / "policy")
-            self.critic.save_pretrained(tmp / "critic")
-            state = {
-                "iteration": self.iteration_done,
-                "env_steps": self.env_steps,
-                "episodes": self.episodes_done,
-                "optimizer": self.optimizer.state_dict(),
-                "kl_controller": self.kl_ctl.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "numpy_rng": np.random.get_state(),
-                "python_rng": random.getstate(),
-                "sampler_rng": self.sampler.generator.get_state(),
-                "env_rng": self.envs.unwrapped.rng_state(),
-                "config": self.cfg.to_dict(),
-            }
-            torch.save(state, tmp / "state.pt")
+        def write_policy(folder: Path) -> None:
+            self.policy.save_pretrained(folder)
+            tok.save_pretrained(folder)
+            (folder / RUN_INFO).write_text(json.dumps(self.run_info()))
 
-        save_folder_atomically(out / "checkpoint", write_checkpoint)
-        save_folder_atomically(
-            out / "policy",
-            lambda t: (
-                self.policy.save_pretrained(t),
-                tok.save_pretrained(t),
-                (t / RUN_INFO).write_text(json.dumps(self.run_info())),
-            ),
-        )
-        save_folder_atomically(out / "value", lambda t: (self.critic.save_pretrained(t), tok.save_pretrained(t)))
+        save_folder_atomically(out / "checkpoint", self._write_checkpoint)
+        save_folder_atomically(out / "policy", write_policy)
+        if self.critic is not None:  # GRPO and RLOO have none
+            save_folder_atomically(out / "value", lambda t: (self.critic.save_pretrained(t), tok.save_pretrained(t)))
+
+    def _trained(self) -> dict[str, torch.nn.Module]:
+        """The trained models by checkpoint folder name (no critic for GRPO and RLOO)."""
+        return {name: m for name, m in (("policy", self.policy), ("critic", self.critic)) if m is not None}
+
+    def _write_checkpoint(self, folder: Path) -> None:
+        """Weights as HF folders; tensors in ``state.pt`` (loadable with ``weights_only=True``); the rest as JSON."""
+        for name, model in self._trained().items():
+            model.save_pretrained(folder / name)
+        tensors = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                   "sampler_rng": self.sampler.generator.get_state()}  # fmt: skip
+        torch.save(tensors, folder / STATE_TENSORS)
+        (folder / STATE_JSON).write_text(json.dumps(self._state(), indent=1) + "\n")
+
+    def _state(self) -> dict[str, Any]:
+        """Counters, KL controller, config and the RNG states as plain JSON (numpy's key array as a list)."""
+        np_rng, py_rng = np.random.get_state(), random.getstate()
+        return {
+            "iteration": self.iteration_done,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes_done,
+            "kl_controller": self.kl_ctl.state_dict(),
+            "numpy_rng": [np_rng[0], np_rng[1].tolist(), int(np_rng[2]), int(np_rng[3]), float(np_rng[4])],
+            "python_rng": [py_rng[0], list(py_rng[1]), py_rng[2]],
+            "env_rng": self.envs.unwrapped.rng_state(),
+            "config": self.cfg.to_dict(),
+        }
 
     def run_info(self) -> dict[str, Any]:
         """What evaluating the saved policy needs to measure the objective it was trained on."""
@@ -257,56 +295,282 @@ class Trainer:
         return info | {k: getattr(cfg, k) for k in ("model", "reward_model") if getattr(cfg, k) is not None}
 
     def load(self, ckpt: Path) -> None:
-        from safetensors.torch import load_file
+        """Continue from ``ckpt``; this trainer's learning rates win over the saved ones (``RESUME_APPLIED``).
 
-        self.policy.load_state_dict(load_file(ckpt / "policy" / "model.safetensors"), strict=False)
-        self.critic.load_state_dict(load_file(ckpt / "critic" / "model.safetensors"), strict=False)
-        state = torch.load(ckpt / "state.pt", weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
+        Every file is read and the weights checked key by key before anything changes; nothing is
+        unpickled but tensors and plain containers.
+        """
+        state = read_state(ckpt)
+        tensors = _load_tensors(ckpt / STATE_TENSORS)
+        weights = {name: _read_weights(model, ckpt / name / WEIGHTS) for name, model in self._trained().items()}
+        for name, model in self._trained().items():
+            model.load_state_dict(weights[name], strict=True)
+        self.optimizer.load_state_dict(tensors["optimizer"])
+        for group, lr in zip(self.optimizer.param_groups, (self.cfg.learning_rate, self.cfg.critic_learning_rate)):
+            group["lr"] = lr
         self.kl_ctl.load_state_dict(state["kl_controller"])
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        random.setstate(state["python_rng"])
-        self.sampler.generator.set_state(state["sampler_rng"])
+        _set_rng_states(state, tensors)
+        self.sampler.generator.set_state(tensors["sampler_rng"])
         self.envs.unwrapped.set_rng_state(state["env_rng"])
         self.iteration_done = state["iteration"]
         self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
 
 
-def train(cfg: PPOConfig) -> list[dict[str, float]]:
-    """Run PPO; writes ``metrics.jsonl``, TensorBoard events and checkpoints under ``cfg.out``."""
+# ---------------------------------------------------------------------- checkpoint files
+STATE_JSON = "state.json"  # counters, KL controller, RNG states, config
+STATE_TENSORS = "state.pt"  # optimizer state and torch RNG states: tensors only
+WEIGHTS = "model.safetensors"
+_STATE_KEYS = ("iteration", "env_steps", "episodes", "kl_controller", "numpy_rng", "python_rng", "env_rng", "config")
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """``ckpt/state.json``, with every key a resume needs.
+
+    Raises:
+        FileNotFoundError: naming the missing file (a checkpoint from before state.json cannot resume).
+        ValueError: naming the file and what is wrong with it.
+    """
+    path = Path(ckpt) / STATE_JSON
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} is missing: the run cannot continue from {ckpt}")
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"checkpoint file {path} is not valid JSON ({err})") from err
+    missing = [k for k in _STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"checkpoint file {path} lacks {', '.join(missing)}")
+    return state
+
+
+def _load_tensors(path: Path) -> dict[str, Any]:
+    """``state.pt`` unpickled with ``weights_only=True``: a crafted checkpoint cannot run code."""
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} is missing: the run cannot continue from {path.parent}")
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for forbidden objects, RuntimeError for a torn file
+        raise ValueError(
+            f"checkpoint file {path} cannot be loaded as tensors only (torch.load weights_only=True: "
+            f"{type(err).__name__}: {err}); anything else is refused, since unpickling it could run code"
+        ) from err
+    missing = [
+        k for k in ("optimizer", "torch_rng", "sampler_rng") if not isinstance(tensors, dict) or k not in tensors
+    ]
+    if missing:
+        raise ValueError(f"checkpoint file {path} lacks {', '.join(missing)}")
+    return tensors
+
+
+def _read_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """The weights in ``path``, checked to fit ``model`` exactly: every key, no extra one, every shape.
+
+    ``save_pretrained`` leaves tied weights out (``lm_head.weight`` when it is the embedding):
+    that is the one expected absence, filled from the weight it is tied to so the load is strict.
+    """
+    from safetensors.torch import load_file
+
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint file {path} is missing")
+    try:
+        weights = load_file(path)
+    except Exception as err:  # safetensors' own error type: a truncated or garbage file
+        raise ValueError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {err})") from err
+    expected = model.state_dict()
+    for group in _tied_groups(model):
+        present = [k for k in group if k in weights]
+        if present:
+            for key in group:
+                weights.setdefault(key, weights[present[0]])
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    wrong = sorted(k for k in set(weights) & set(expected) if weights[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"checkpoint file {path} does not fit this run's model: missing {missing[:4]} ({len(missing)}), "
+            f"unexpected {unexpected[:4]} ({len(unexpected)}), wrong shape {wrong[:4]} ({len(wrong)})"
+        )
+    return weights
+
+
+def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
+    """Names that share one parameter (tied embeddings), each group in state-dict order."""
+    groups: dict[int, list[str]] = {}
+    for key, tensor in model.state_dict(keep_vars=True).items():
+        groups.setdefault(id(tensor), []).append(key)
+    return [keys for keys in groups.values() if len(keys) > 1]
+
+
+def _set_rng_states(state: dict[str, Any], tensors: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_rng"])
+    kind, keys, *rest = state["numpy_rng"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    version, internal, gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+# ---------------------------------------------------------------------- the run folder
+METRICS = "metrics.jsonl"
+RUN_FOLDERS = ("checkpoint", "policy", "value")  # written with save_folder_atomically
+RUN_FILES = (METRICS, "config.json", "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl``; a torn last line (a crash or a full disk mid-append) is dropped with a warning.
+
+    Raises:
+        ValueError: naming the file and line of any other bad row.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    last = lines.pop()  # "" when the file ends with a newline, as every complete append does
+    rows = [_metrics_row(path, n, line) for n, line in enumerate(lines, start=1) if line.strip()]
+    if last.strip():
+        try:
+            rows.append(_metrics_row(path, len(lines) + 1, last))  # a whole row that lost only its newline
+        except ValueError:
+            warnings.warn(f"{path}: dropped the torn last line {len(lines) + 1} ({short_repr(last, 60)})", stacklevel=2)
+    return rows
+
+
+def _metrics_row(path: Path, n: int, line: str) -> dict[str, Any]:
+    try:
+        row = json.loads(line)
+    except ValueError as err:
+        raise ValueError(f"{path}:{n}: not a JSON metrics row ({err}): {short_repr(line, 60)}") from err
+    if not isinstance(row, dict) or not isinstance(row.get("iteration"), int):
+        raise ValueError(
+            f"{path}:{n}: a metrics row is a JSON object with an int 'iteration', got {short_repr(line, 60)}"
+        )
+    return row
+
+
+def check_resume_config(saved: dict[str, Any], cfg: PPOConfig) -> None:
+    """Refuse a resume that changes what defines the run; warn about the allowed changes it applies."""
+    now = cfg.to_dict()
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
+    refused = [k for k in changed if k not in RESUME_APPLIED + RESUME_FREE]
+    if refused:
+        listing = ", ".join(f"{k}: {saved.get(k, '<unset>')!r} -> {now.get(k, '<unset>')!r}" for k in refused)
+        raise ValueError(
+            f"resume=True for out={cfg.out!r} changes settings that define the run: {listing}; give the run's "
+            f"values, another --out, or --overwrite. Only {', '.join(RESUME_APPLIED)} may change (and are applied)"
+        )
+    for key in (k for k in changed if k in RESUME_APPLIED):
+        warnings.warn(f"resume: {key} changes from {saved[key]!r} to {now[key]!r} (applied)", stacklevel=2)
+
+
+def _holds_run(out: Path) -> list[str]:
+    """What in ``out`` belongs to a run worth keeping: metrics rows or saved folders."""
+    found = [name for name in RUN_FOLDERS if (out / name).is_dir()]
+    metrics = out / METRICS
+    if metrics.is_file() and metrics.stat().st_size:
+        found.append(METRICS)
+    return found
+
+
+def _recover(out: Path) -> None:
+    """Finish or undo the saves a crash interrupted and drop incomplete temp files, each reported as a warning."""
+    for name in RUN_FOLDERS:
+        if note := recover_folder(out / name):
+            warnings.warn(f"{out / name}: {note}", stacklevel=4)
+    for name in (METRICS, "config.json"):
+        (out / f".{name}.tmp").unlink(missing_ok=True)
+
+
+def _open_run_folder(out: Path, cfg: PPOConfig, overwrite: bool) -> list[dict[str, Any]] | None:
+    """Decide, before any model loads, how the run in ``out`` goes on; refuse whatever would lose or mix it up.
+
+    Returns:
+        The metrics rows to keep when resuming, None when starting a new run.
+    """
+    if cfg.resume and overwrite:
+        raise ValueError(
+            f"resume=True and overwrite=True for out={cfg.out!r}: continue the run or replace it, not both"
+        )
+    _recover(out)
+    found = _holds_run(out)
+    if overwrite or not found:
+        return None
+    if not cfg.resume:
+        raise FileExistsError(
+            f"out={cfg.out!r} already holds a run ({', '.join(found)}); pass --resume (resume=True) to continue "
+            "it or --overwrite (train(cfg, overwrite=True)) to replace it"
+        )
+    if not (out / "checkpoint").is_dir():
+        raise FileNotFoundError(
+            f"resume=True but out={cfg.out!r} has no checkpoint ({out / 'checkpoint'} is missing; it holds "
+            f"{', '.join(found)}): the run cannot continue where it stopped; pass --overwrite to start it again"
+        )
+    state = read_state(out / "checkpoint")
+    check_resume_config(state["config"], cfg)
+    kept = [row for row in read_metrics(out / METRICS) if row["iteration"] <= state["iteration"]]
+    if len(kept) != state["iteration"]:
+        warnings.warn(f"{out / METRICS} holds {len(kept)} rows for the checkpoint's {state['iteration']} "
+                      "iterations; the missing ones are not recovered", stacklevel=3)  # fmt: skip
+    return kept
+
+
+def _clear_run(out: Path) -> None:
+    """Remove the run files ``--overwrite`` replaces (other files in ``out`` stay)."""
+    for name in RUN_FILES:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _log_row(writer, bar, row: dict[str, float]) -> None:
+    for key, value in row.items():
+        if key != "iteration":
+            writer.add_scalar(f"ppo/{key}", value, row["iteration"])
+    bar.update()
+    bar.set_postfix(score=f"{row['score']:+.2f}", gold=f"{row['gold_score']:+.2f}", kl=f"{row['kl']:.2f}")
+
+
+def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[dict[str, float]]]:
+    """Open the run folder, build the trainer (loading the checkpoint on resume), write the kept metrics and config."""
+    history = _open_run_folder(out, cfg, overwrite)
+    trainer = Trainer.create(cfg)
+    if history is not None:
+        trainer.load(out / "checkpoint")
+    elif overwrite:
+        _clear_run(out)  # only now that the new run's models have loaded
+    history = history or []
+    write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+    write_text_atomically(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+    return trainer, history
+
+
+def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
+    """Run PPO; writes ``metrics.jsonl``, ``config.json``, TensorBoard events and checkpoints under ``cfg.out``.
+
+    The run folder is locked while training (a second trainer fails at once). An existing run is
+    continued only with ``cfg.resume`` and replaced only with ``overwrite``; see
+    :func:`check_resume_config` for what a resume may change.
+    """
     from torch.utils.tensorboard import SummaryWriter
     from tqdm.auto import tqdm
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer.create(cfg)
-    metrics_path = out / "metrics.jsonl"
-    history: list[dict[str, float]] = []
-    if cfg.resume and (out / "checkpoint" / "state.pt").exists():
-        trainer.load(out / "checkpoint")
-        # keep the metrics up to the checkpoint; drop rows of iterations that were lost
-        if metrics_path.exists():
-            rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-            history = [r for r in rows if r["iteration"] <= trainer.iteration_done]
-    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in history))
-    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-    writer = SummaryWriter(str(out / "tensorboard"))
-    bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo", disable=not cfg.progress)
-    while trainer.iteration_done < cfg.num_iterations:
-        row = trainer.iteration()
-        history.append(row)
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        for key, value in row.items():
-            if key != "iteration":
-                writer.add_scalar(f"ppo/{key}", value, row["iteration"])
-        bar.update()
-        bar.set_postfix(score=f"{row['score']:+.2f}", gold=f"{row['gold_score']:+.2f}", kl=f"{row['kl']:.2f}")
-        last = trainer.iteration_done == cfg.num_iterations
-        if last or trainer.iteration_done % cfg.checkpoint_every == 0:
-            trainer.save(out)
-    bar.close()
-    writer.close()
-    trainer.envs.close()
+    with lock_folder(out, "out"):
+        trainer, history = _start(out, cfg, overwrite)
+        writer = SummaryWriter(str(out / "tensorboard"))
+        bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo", disable=not cfg.progress)
+        try:
+            while trainer.iteration_done < cfg.num_iterations:
+                row = trainer.iteration()
+                history.append(row)
+                with (out / METRICS).open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                _log_row(writer, bar, row)
+                last = trainer.iteration_done == cfg.num_iterations
+                if last or trainer.iteration_done % cfg.checkpoint_every == 0:
+                    trainer.save(out)
+        finally:
+            bar.close()
+            writer.close()
+            trainer.envs.close()
     return history

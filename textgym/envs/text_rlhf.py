@@ -30,6 +30,7 @@ from textgym.models import (
     resolve_device,
 )
 from textgym.rewards import Episodes, RewardNorm, make_reward_model, score_checked
+from textgym.utils import short_repr
 
 __all__ = [
     "DEFAULT_KL_COEF",
@@ -49,11 +50,12 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]
     Args:
         prompts: a list of str, a ``.txt`` path (one prompt per non-blank line), a ``.jsonl``
             path (one ``{"prompt": str}`` object per non-blank line) or ``None`` (the embedded
-            train prompts).
+            train prompts). Files are read as UTF-8.
 
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: a wrong suffix, a bad ``.jsonl`` line (its number is named) or no prompts.
+        ValueError: a wrong suffix, a file that is not UTF-8, a bad ``.jsonl`` line (its number is
+            named) or no prompts.
         TypeError: ``prompts`` is not a list of str.
     """
     if prompts is None:
@@ -64,28 +66,40 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]
         source = f"prompts={str(path)!r}"
         if not path.exists():
             raise FileNotFoundError(f"{source} does not exist; give a list of str or a .txt/.jsonl path")
-        if path.suffix == ".jsonl":
-            prompts = _read_jsonl_prompts(path)
-        elif path.suffix == ".txt":
-            prompts = [line for line in path.read_text().splitlines() if line.strip()]
-        else:
+        if path.suffix not in (".txt", ".jsonl"):
             raise ValueError(f"{source} must end in .txt or .jsonl")
+        text = _read_utf8(path, source)
+        if path.suffix == ".jsonl":
+            prompts = _read_jsonl_prompts(path, text)
+        else:
+            prompts = [line for line in text.splitlines() if line.strip()]
     try:
         prompts = list(prompts)
     except TypeError as err:
-        raise TypeError(f"prompts={prompts!r} must be a list of str or a .txt/.jsonl path") from err
+        raise TypeError(f"prompts={short_repr(prompts)} must be a list of str or a .txt/.jsonl path") from err
     if not prompts:
         raise ValueError(f"{source} holds no prompts; give at least one prompt")
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
-            raise TypeError(f"prompts[{i}]={p!r} is not a str; every prompt must be a str")
+            raise TypeError(f"prompts[{i}]={short_repr(p)} is not a str; every prompt must be a str")
     return prompts
 
 
-def _read_jsonl_prompts(path: Path) -> list[str]:
+def _read_utf8(path: Path, source: str) -> str:
+    """The file's text; a file that is not UTF-8 raises one error naming it and the first bad byte."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{source} is not UTF-8 text: byte 0x{err.object[err.start]:02x} at offset {err.start} ({err.reason}); "
+            "save it as UTF-8"
+        ) from err
+
+
+def _read_jsonl_prompts(path: Path, text: str) -> list[str]:
     """The ``"prompt"`` of every non-blank line of a ``.jsonl`` file; a bad line raises naming its number."""
     out = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -122,6 +136,27 @@ def _check_nonnegative(name: str, value: Any) -> float:
 def check_kl_coef(value: Any, name: str = "kl_coef") -> float:
     """β as a finite float >= 0, or one ValueError naming it: the one check every entry point uses."""
     return _check_nonnegative(name, value)
+
+
+def _check_timeout(value: Any) -> float | None:
+    """``reward_timeout`` as seconds > 0, or None (no limit)."""
+    if value is None:
+        return None
+    real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not real or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"reward_timeout={value!r} must be a finite float > 0 (seconds) or None (no limit)")
+    return float(value)
+
+
+def _check_positions(name: str, model, needed: int, max_prompt_tokens: int, max_new_tokens: int) -> None:
+    """Refuse episodes longer than the model's positions: it would run past what it was trained on."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and needed > limit:
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} with max_prompt_tokens={max_prompt_tokens} needs {needed} positions "
+            f"of {name}, more than its max_position_embeddings={limit}; allowed: max_new_tokens <= "
+            f"{limit - (needed - max_new_tokens)} (or fewer max_prompt_tokens)"
+        )
 
 
 def resolve_stop_ids(model, tokenizer, stop_token_ids: Sequence[int] | None, vocab_size: int) -> frozenset[int]:
@@ -222,6 +257,7 @@ class _Engine:
         chat_template: bool = False,
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
+        reward_timeout: float | None = None,
     ):
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
         if action_mask_top_p is not None and not (
@@ -232,10 +268,13 @@ class _Engine:
         missing_eos_penalty = _check_nonnegative("missing_eos_penalty", missing_eos_penalty)
         if max_prompt_tokens is not None:
             max_prompt_tokens = _check_int("max_prompt_tokens", max_prompt_tokens, 1)
+        self.reward_timeout = _check_timeout(reward_timeout)
         self.device = resolve_device(device)
         self.kl_coef = kl_coef
         self.model = load_causal_lm(model, self.device, dtype, name="model")
-        self.tokenizer = load_tokenizer(tokenizer if tokenizer is not None else model, name="tokenizer")
+        # without tokenizer= the model's folder must hold one: the error then names model=
+        tok_arg = ("tokenizer", tokenizer) if tokenizer is not None else ("model", model)
+        self.tokenizer = load_tokenizer(tok_arg[1], name=tok_arg[0])
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
@@ -246,22 +285,20 @@ class _Engine:
         self.chat_template = _check_chat_template(chat_template, self.tokenizer)
         self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
         self.prompts = load_prompts(prompts)
-        encoded = [self.encode_prompt(p) for p in self.prompts]
-        longest = max(len(e) for e in encoded)
-        self.max_prompt_tokens = longest if max_prompt_tokens is None else max_prompt_tokens
+        self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
         self.max_new_tokens = max_new_tokens
-        if longest > self.max_prompt_tokens:
-            i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
-            raise ValueError(
-                f"prompts[{i}]={self.prompts[i]!r} is {longest} tokens, more than "
-                f"max_prompt_tokens={self.max_prompt_tokens}; prompts are never truncated"
-            )
         self.seq_len = self.max_prompt_tokens + self.max_new_tokens
+        _check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
         self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
+        if getattr(self.reward_model, "shares_tokenizer", False) and hasattr(self.reward_model, "model"):
+            # it scores prompt + response + the EOS closing a length-capped response
+            _check_positions("reward_model", self.reward_model.model, self.seq_len + 1, self.max_prompt_tokens,
+                             max_new_tokens)  # fmt: skip
         self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
         self.norm = _resolve_norm(normalize_reward, self.reward_model, max_new_tokens)
         self.missing_eos_penalty = missing_eos_penalty
 
+        self.num_slots = num_slots
         n, L = num_slots, self.seq_len
         self.decoder = CachedDecoder(self.model, n, L)
         self.input_ids = np.full((n, L), self.pad_id, dtype=np.int64)
@@ -279,6 +316,19 @@ class _Engine:
             rm.bind(self.tokenizer)
         return rm
 
+    def _prompt_block(self, max_prompt_tokens: int | None) -> int:
+        """The prompt block's width: the longest prompt of the set, or the width given if every prompt fits."""
+        encoded = [self.encode_prompt(p) for p in self.prompts]
+        longest = max(len(e) for e in encoded)
+        width = longest if max_prompt_tokens is None else max_prompt_tokens
+        if longest > width:
+            i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
+            raise ValueError(
+                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens, more than "
+                f"max_prompt_tokens={width}; prompts are never truncated"
+            )
+        return width
+
     @property
     def kl_coef(self) -> float:
         return self._kl_coef
@@ -292,15 +342,18 @@ class _Engine:
 
         With ``chat_template`` the prompt is the user turn of the tokenizer's chat template,
         followed by the assistant's generation prompt (the template writes its own special tokens).
+        Special-token text in a prompt (``"The <pad> movie"``) is encoded as text, never as the
+        special token: a prompt must not put a PAD or EOS id under mask 1.
         """
         if not isinstance(prompt, str):
-            raise TypeError(f"prompt={prompt!r} is not a str; give a str (the empty prompt starts from BOS)")
+            raise TypeError(f"prompt={short_repr(prompt)} is not a str; give a str (the empty prompt starts from BOS)")
         if self.chat_template:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids = self.tokenizer(prompt)["input_ids"] if prompt else []
+            # tokenized with add_special_tokens=False (the template writes them); the user's text stays text
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False,
+                sanitize_control_tokens=True,
+            )  # fmt: skip
+        ids = self.tokenizer(prompt, split_special_tokens=True)["input_ids"] if prompt else []
         return ids if ids else [self.bos_id]
 
     def observation(self, slots) -> dict[str, np.ndarray]:
@@ -317,8 +370,9 @@ class _Engine:
         for p, ids in zip(prompts, encoded, strict=True):
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
-                    f"prompt={p!r} is {len(ids)} tokens, more than max_prompt_tokens={self.max_prompt_tokens}; "
-                    "prompts are never truncated: give a shorter one or build the env with a larger max_prompt_tokens"
+                    f"prompt={short_repr(p)} is {len(ids)} tokens, more than "
+                    f"max_prompt_tokens={self.max_prompt_tokens}; prompts are never truncated: give a shorter one "
+                    "or build the env with a larger max_prompt_tokens"
                 )
         return encoded
 
@@ -399,16 +453,17 @@ class _Engine:
         reward = self.kl_coef * ref_lp
         try:
             final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
+            if (live & ~ended).any():
+                feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
+                self._set_next(slice(None), self.decoder.step(feed))  # restores its cache if it raises
         except BaseException:
-            # A failing scorer leaves no half-applied step: undo the token so the step can be retried.
+            # Any failure, KeyboardInterrupt and a reward timeout included, leaves no half-applied step:
+            # the token is undone so the step can be retried, and no slot is left done without its info.
             self.length[idx] -= 1
             self.input_ids[idx, col] = self.pad_id
             self.attention_mask[idx, col] = 0
             self.done = done_before
             raise
-        if (live & ~ended).any():
-            feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
-            self._set_next(slice(None), self.decoder.step(feed))
         return {
             "reward": reward,
             "terminated": ended,
@@ -425,9 +480,10 @@ class _Engine:
             prompt_ids=[self.prompt_ids(s) for s in slots],
             response_ids=[self.response_ids(s) for s in slots],
         )
-        rm = score_checked(self.reward_model, episodes)
+        named = [int(s) for s in slots] if self.num_slots > 1 else None  # errors name the slot, not the batch row
+        rm = score_checked(self.reward_model, episodes, slots=named, timeout=self.reward_timeout)
         if self.gold_scorer is not None:
-            gold = score_checked(self.gold_scorer, episodes)
+            gold = score_checked(self.gold_scorer, episodes, slots=named, timeout=self.reward_timeout)
         else:
             gold = np.full(len(slots), np.nan)
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
@@ -489,11 +545,13 @@ _DOC_ARGS = """
             function ``f(prompts, responses) -> floats`` (default: the embedded RM).
         gold_scorer: the same routes; scores every finished episode beside the proxy RM for
             reward over-optimisation studies (default ``"vader"``; ``None`` turns it off).
-        prompts: list of str, or a ``.txt`` / ``.jsonl`` path (default: the embedded train
-            prompts; the eval prompts are ``textgym.models.EVAL_PROMPTS``).
+        prompts: list of str, or a UTF-8 ``.txt`` / ``.jsonl`` path (default: the embedded train
+            prompts; the eval prompts are ``textgym.models.EVAL_PROMPTS``). Special-token text in
+            a prompt (``"<pad>"``) is encoded as text, never as the special token.
         max_prompt_tokens: prompt block length (default: the longest prompt of the set).
             A longer prompt is refused with a ``ValueError``, never silently truncated.
         max_new_tokens: response length cap; reaching it terminates the episode (default 32).
+            ``max_prompt_tokens + max_new_tokens`` must fit the model's ``max_position_embeddings``.
         kl_coef: β of the reward (default 0.05); settable between episodes (``env.kl_coef``).
         normalize_reward: standardise the RM score with the mean/std stored beside it (measured
             under π_ref; a warning says when at another ``max_new_tokens``); ``None`` (default)
@@ -508,6 +566,9 @@ _DOC_ARGS = """
             followed by the assistant's generation prompt (default False: plain text).
         device: ``"cpu"`` (default), ``"cuda"`` or ``"auto"``.
         dtype: π_ref's compute dtype, ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
+        reward_timeout: seconds to wait for each ``score`` call of the reward model and the gold
+            scorer (default None: no limit); a call that hangs longer raises ``RewardModelError``
+            naming the model and the batch, and is abandoned (a thread cannot be stopped).
 """
 
 
@@ -553,8 +614,10 @@ class TextRLHFEnv(gym.Env):
         always False; it is left to outside time limits such as a user's ``TimeLimit``. The last
         step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``, ``gold_score``,
         ``prompt``, ``response``, ``response_length`` and ``length_capped``. A reward model that
-        raises or returns anything but one finite float per episode raises
-        :class:`textgym.rewards.RewardModelError` and the step is undone, so it can be retried.
+        raises, hangs past ``reward_timeout`` or returns anything but one finite float per
+        episode raises :class:`textgym.rewards.RewardModelError` naming it, the batch and the
+        episode's slot. Any exception in a step (``KeyboardInterrupt`` too, re-raised as it is)
+        undoes the step, so it can be retried.
 """
         + _DOC_ARGS
         + """
@@ -567,7 +630,8 @@ class TextRLHFEnv(gym.Env):
         v0: initial release. Changed before any release, keeping the id: reaching
             ``max_new_tokens`` is ``terminated`` with ``info["length_capped"]`` (it was
             ``truncated``); any of the model's stop ids ends an episode; ``chat_template``;
-            with autoreset disabled a finished slot ignores its action (it raised).
+            with autoreset disabled a finished slot ignores its action (it raised); special-token
+            text in prompts is encoded as text (it was parsed); ``reward_timeout``.
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -734,10 +798,19 @@ class TextRLHFVectorEnv(VectorEnv):
     pad_token_id = TextRLHFEnv.pad_token_id
     kl_coef = TextRLHFEnv.kl_coef
 
+    def draw_prompts(self, slots) -> list[str]:
+        """One prompt per slot in ``slots``, drawn with that slot's RNG as its reset would.
+
+        For groups of G episodes on one prompt (GRPO, RLOO): draw with one slot per group and
+        pass each prompt G times to ``reset(options={"prompt": ...})``. Seeded and checkpointed
+        with the slots' RNGs (``rng_state``).
+        """
+        e = self._engine
+        return [e.prompts[int(self._slot_rngs[int(s)].integers(len(e.prompts)))] for s in slots]
+
     def _start(self, slots: np.ndarray) -> None:
         """Start ``slots`` on prompts drawn with their own RNGs."""
-        e = self._engine
-        e.start(slots.tolist(), [e.prompts[int(self._slot_rngs[s].integers(len(e.prompts)))] for s in slots])
+        self._engine.start(slots.tolist(), self.draw_prompts(slots))
 
     def _given_prompts(self, prompts: Any, n: int) -> list[str]:
         """``options["prompt"]`` as one prompt per slot being reset, or one clear error."""
@@ -745,18 +818,20 @@ class TextRLHFVectorEnv(VectorEnv):
             return [prompts] * n
         if not isinstance(prompts, (list, tuple, np.ndarray)) or len(prompts) != n:
             raise ValueError(
-                f"options['prompt']={prompts!r} must be a str or a list of {n} str, one per slot being reset"
+                f"options['prompt']={short_repr(prompts)} must be a str or a list of {n} str, one per slot being reset"
             )
         return list(prompts)
 
     def _seeds(self, seed: Any) -> list[int | None]:
-        """``seed`` as one seed (or None) per slot: an int s seeds slot i with s + i."""
+        """``seed`` as one seed (or None) per slot: an int s seeds slot i with s + i; each one checked here."""
+        n = self.num_envs
         if isinstance(seed, (int, np.integer)) and not isinstance(seed, (bool, np.bool_)):
-            return [int(seed) + i for i in range(self.num_envs)]
-        ok = isinstance(seed, (list, tuple, np.ndarray)) and len(seed) == self.num_envs
-        if not ok or not all(s is None or isinstance(s, (int, np.integer)) for s in seed):
-            raise ValueError(f"seed={seed!r} must be an int, None or a list of {self.num_envs} int/None")
-        return list(seed)
+            seeds = [int(seed) + i for i in range(n)]
+        else:
+            seeds = list(seed) if isinstance(seed, (list, tuple, np.ndarray)) and len(seed) == n else None
+        if seeds is None or not all(s is None or (isinstance(s, (int, np.integer)) and s >= 0) for s in seeds):
+            raise ValueError(f"seed={short_repr(seed)} must be an int, None or a list of {n} int/None (ints >= 0)")
+        return [None if s is None else int(s) for s in seeds]
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
         options = options or {}
