@@ -48,7 +48,7 @@ def main() -> None:
 
     engine._finish = timed_finish
     trainer.iteration()  # warm-up
-    totals = {"policy sampling": 0.0, "env step (pi_ref)": 0.0, "RM + gold scoring": 0.0, "advantages": 0.0,
+    totals = {"policy sampling": 0.0, "env step (pi_ref)": 0.0, "RM + gold scoring": 0.0, "pi_old + advantages": 0.0,
               "PPO update": 0.0}  # fmt: skip
     tokens = 0.0
     for _ in range(args.iterations):
@@ -57,7 +57,7 @@ def main() -> None:
         totals["policy sampling"] += row["time_policy_sampling"]
         totals["RM + gold scoring"] += scoring[0]
         totals["env step (pi_ref)"] += row["time_rollout"] - row["time_policy_sampling"] - scoring[0]
-        totals["advantages"] += row["time_advantage"]
+        totals["pi_old + advantages"] += row["time_advantage"]  # teacher-forced log pi_old, critic, GAE
         totals["PPO update"] += row["time_update"]
         tokens += row["response_length"] * args.num_envs
     whole = sum(totals.values())
