@@ -21,13 +21,13 @@ import torch
 import textgym  # noqa: F401
 from textgym.envs import load_prompts
 from textgym.episodes import collect_episodes
-from textgym.models import EVAL_PROMPTS, load_causal_lm
+from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
 
 __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings"]
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
-ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model")
+ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id")
 
 
 def run_settings(policy: str | None) -> dict[str, Any]:
@@ -54,8 +54,31 @@ def _policy(envs, policy, policy_factory, seed: int, temperature: float, device:
         return policy_factory(envs)
     base = envs.unwrapped
     policy_model = base.model if policy is None else load_causal_lm(policy, device=device, name="policy")
+    if policy is not None:
+        _check_vocabulary(policy, policy_model, base)
     generator = torch.Generator(device=policy_model.device).manual_seed(seed)
     return LMSampler.for_env(policy_model, envs, temperature=temperature, generator=generator)
+
+
+def _check_vocabulary(policy: str, model, env) -> None:
+    """Refuse a policy whose token ids are not π_ref's: its actions would be out of range, or the wrong tokens.
+
+    Why here: the env reads every action as a token id of π_ref's tokenizer, so a model with another
+    vocabulary fails at some random step with an out-of-range action, or (a smaller one) runs on
+    silently with the wrong tokens.
+    """
+    ref = getattr(env.model, "name_or_path", "") or "the embedded LM"
+    fix = (f"pass its own π_ref (the model it was fine-tuned from) with --ref-model (Python: model=...); π_ref is "
+           f"now {ref!r}")  # fmt: skip
+    size, ref_size = model.get_output_embeddings().weight.shape[0], env.single_action_space.n
+    if size != ref_size:
+        raise ValueError(
+            f"policy={policy!r} has a vocabulary of {size} tokens, π_ref has {ref_size}: a policy's actions are "
+            f"π_ref's token ids, so the two must share one tokenizer; {fix}"
+        )
+    if any((Path(policy) / name).is_file() for name in TOKENIZER_FILES):
+        if load_tokenizer(policy, name="policy", require_eos=False).get_vocab() != env.tokenizer.get_vocab():
+            raise ValueError(f"policy={policy!r} has its own tokenizer, not π_ref's (same size, other tokens); {fix}")
 
 
 def _rows(episodes, prompt_len: int) -> list[dict]:
@@ -81,6 +104,7 @@ def evaluate(
     seed: int = 1234,
     temperature: float | None = None,
     device: str = "cpu",
+    progress: bool | str = False,
     **env_kwargs,
 ) -> dict:
     """Sample ``episodes`` responses on the eval prompts and score them.
@@ -93,10 +117,12 @@ def evaluate(
         episodes, num_envs, seed, temperature, device: sampling settings; the eval prompts are
             taken in order (cycled) so every policy answers the same prompts. ``temperature``
             defaults to the run's (below), else 1.
-        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the eval split;
-            ``model`` is π_ref). A ``policy`` folder saved by ``textgym train`` brings the
-            settings it was trained with (:func:`run_settings`: its β, length cap, π_ref, RM);
-            the arguments given here override them.
+        progress: show a progress bar of the episodes (a str is its label).
+        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the env's eval split;
+            ``model`` is π_ref), and ``env_id`` (default ``"TextRLHF-v0"``). A ``policy`` folder
+            saved by ``textgym train`` brings the settings it was trained with
+            (:func:`run_settings`: its env, β, length cap, π_ref, RM); the arguments given here
+            override them.
 
     KL to π_ref per sequence is Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over the sampled tokens
     (the k1 estimate, unbiased under π); the objective is score − β·KL with the env's β
@@ -109,24 +135,36 @@ def evaluate(
     """
     run = run_settings(policy)
     temperature = temperature if temperature is not None else run.pop("temperature", 1.0)
-    env_kwargs = {"prompts": str(EVAL_PROMPTS), **{k: v for k, v in run.items() if k != "temperature"}, **env_kwargs}
+    env_id = env_kwargs.pop("env_id", None) or run.pop("env_id", "TextRLHF-v0")
+    env_kwargs = {"prompts": str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS)),
+                  **{k: v for k, v in run.items() if k != "temperature"}, **env_kwargs}  # fmt: skip
     num_envs = min(num_envs, episodes)
-    envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                         autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip
     base = envs.unwrapped
     sampler = _policy(envs, policy, policy_factory, seed, temperature, device)
-    prompts = load_prompts(env_kwargs["prompts"])
+    prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))
     start = time.perf_counter()
     rows: list[dict] = []
-    while len(rows) < episodes:
-        k = min(num_envs, episodes - len(rows))
-        batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
-        done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows))
-        rows.extend(_rows(done, base.max_prompt_tokens))
+    with _progress_bar(episodes, progress) as bar:
+        while len(rows) < episodes:
+            k = min(num_envs, episodes - len(rows))
+            batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
+            done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows))
+            rows.extend(_rows(done, base.max_prompt_tokens))
+            bar.update(k)
     seconds = time.perf_counter() - start
     beta = base.kl_coef
     envs.close()
     return _summary(rows, beta, seconds)
+
+
+def _progress_bar(episodes: int, progress: bool | str):
+    """A tqdm bar over the episodes (on stderr), or one that shows nothing."""
+    from tqdm.auto import tqdm
+
+    label = progress if isinstance(progress, str) else "eval"
+    return tqdm(total=episodes, desc=label, unit="episode", disable=not progress, leave=False)
 
 
 def _summary(rows: list[dict], beta: float, seconds: float) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import textgym  # noqa: F401  (registers TextRLHF-v0)
 from textgym.policies import LMSampler
 
 env = gym.make("TextRLHF-v0")
-policy = LMSampler.for_env(env.unwrapped.model, env)  # pi_ref sampling with its own KV cache
-obs, info = env.reset(seed=0)
+policy = LMSampler.for_env(env.unwrapped.model, env, seed=0)  # pi_ref sampling with its own KV cache, seeded
+obs, info = env.reset(seed=0)  # the prompt
 done = False
 while not done:
     action, logprob = policy.act(obs)

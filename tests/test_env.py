@@ -119,7 +119,7 @@ def test_the_length_cap_is_terminal_not_truncated():
     non_eos = 5 if env.unwrapped.eos_token_id != 5 else 6
     for _ in range(3):
         _, r, term, trunc, info = env.step(non_eos)
-    assert term and not trunc and info["length_capped"] is True
+    assert term and not trunc and info["length_capped"].item() is True  # np.bool_: TorchRL readers need a dtype
     assert info["eos_penalty"] == -2.0
     assert r == pytest.approx(env.unwrapped.kl_coef * info["ref_logprob"] + info["score_reward"] - 2.0)
 
@@ -127,7 +127,7 @@ def test_the_length_cap_is_terminal_not_truncated():
 def test_terminated_on_eos(env):
     env.reset(seed=0)
     _, _, term, trunc, info = env.step(env.unwrapped.eos_token_id)
-    assert term and not trunc and info["length_capped"] is False
+    assert term and not trunc and info["length_capped"].item() is False
     assert info["response"] == "" and info["response_length"] == 1
 
 

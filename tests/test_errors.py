@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gymnasium.error import ResetNeeded
 
+from textgym.envs import TextRLHFEnv
 from textgym.models import DEFAULT_LM, DEFAULT_RM
 from textgym.rewards import RewardModelError
 
@@ -372,11 +373,13 @@ def test_bad_scalar_argument(kwargs, exc, pattern):
         gym.make("TextRLHF-v0", **kwargs)
 
 
-def test_render_mode_human_is_refused():
-    # Gymnasium's make warns first (no human rendering to wrap), then the env refuses the mode.
-    with pytest.warns(UserWarning, match="render_mode='human'"):
-        with pytest.raises(ValueError, match=r"render_mode='human' is not one of \['ansi'\]"):
-            gym.make("TextRLHF-v0", render_mode="human")
+def test_render_mode_human_goes_through_rgb_array_and_other_modes_are_refused():
+    # Gymnasium's make warns, then shows the env's rgb_array frames in a window (HumanRendering)
+    with pytest.warns(UserWarning, match="HumanRendering wrapper is being applied"):
+        env = gym.make("TextRLHF-v0", render_mode="human")
+    assert type(env).__name__ == "HumanRendering" and env.unwrapped.render_mode == "rgb_array"
+    with pytest.raises(ValueError, match=r"render_mode='svg' is not one of \['ansi', 'rgb_array'\]"):
+        TextRLHFEnv(render_mode="svg")
 
 
 @pytest.mark.parametrize(
@@ -384,7 +387,7 @@ def test_render_mode_human_is_refused():
     [
         ({"num_envs": 0}, r"num_envs=0 must be an int >= 1"),
         ({"autoreset_mode": "bogus"}, r"autoreset_mode='bogus' is not one of .*next_step"),
-        ({"render_mode": "human"}, r"render_mode='human' is not one of \['ansi'\]"),
+        ({"render_mode": "human"}, r"render_mode='human' is not one of \['ansi', 'rgb_array'\]"),
         ({"kl_coef": -1}, r"kl_coef=-1 must be a finite float >= 0"),
     ],
 )

@@ -12,6 +12,7 @@ Importing the package registers ``TextRLHF-v0``::
 from gymnasium.envs.registration import register
 
 from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
+from textgym.models import ARITH_LM, ARITH_TRAIN  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,17 @@ register(
     entry_point="textgym.envs.text_rlhf:TextRLHFEnv",
     vector_entry_point="textgym.envs.text_rlhf:TextRLHFVectorEnv",
     disable_env_checker=False,
+)
+
+# The same env on a verifiable task: "a+b=" problems, reward 1 for the exact sum (RLVR), a tiny π_ref
+# that starts at 37 % exact answers at temperature 1 (textgym/assets/arith_lm/build_report.json).
+register(
+    id="TextArithmetic-v0",
+    entry_point="textgym.envs.text_rlhf:TextRLHFEnv",
+    vector_entry_point="textgym.envs.text_rlhf:TextRLHFVectorEnv",
+    disable_env_checker=False,
+    kwargs={"model": str(ARITH_LM), "reward_model": "arithmetic", "gold_scorer": "arithmetic",
+            "prompts": str(ARITH_TRAIN), "max_new_tokens": 4, "normalize_reward": False},  # fmt: skip
 )
 
 __all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "__version__"]

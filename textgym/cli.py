@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from textgym.utils import FolderInUseError
@@ -27,6 +28,76 @@ def _seed(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """``--threads`` and the like: an int >= 1, checked by argparse so the error names the flag."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an int >= 1")
+    return value
+
+
+def _cpu_times() -> dict[str, tuple[int, int]] | None:
+    """``{cpu id: (busy jiffies, total jiffies)}`` from ``/proc/stat``, or None where there is none."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    times = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit():
+            values = [int(v) for v in fields]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+            times[name[3:]] = (sum(values) - idle, sum(values))
+    return times
+
+
+def free_cores(limit: int, interval: float = 0.2) -> int:
+    """Cores of this process's CPU set that other processes leave idle, in [1, ``limit``].
+
+    Measured over ``interval`` seconds while this process sleeps: a core busy more than half
+    that time is taken. Without ``/proc/stat`` (not Linux) the answer is ``limit``.
+    """
+    cpus = {str(c) for c in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else set()
+    before = _cpu_times()
+    if not cpus or before is None:
+        return limit
+    time.sleep(interval)
+    after = _cpu_times() or {}
+    busy = 0
+    for c in cpus & set(before) & set(after):
+        (b0, t0), (b1, t1) = before[c], after[c]
+        busy += t1 > t0 and (b1 - b0) / (t1 - t0) > 0.5
+    return max(1, min(limit, len(cpus) - busy))
+
+
+def set_threads(requested: int | None) -> int:
+    """Set torch's intra-op threads: ``requested``, else one per core no other process is using.
+
+    Why: torch starts one thread per core. When another process holds one of them, torch's threads
+    wait for each other at every parallel op and the loops run 60–100× slower (seen on 2 cores); a
+    thread per free core avoids it. ``OMP_NUM_THREADS`` set by the user is left as torch read it.
+
+    Returns:
+        The thread count torch now uses.
+    """
+    import torch
+
+    default = torch.get_num_threads()
+    if requested is None and "OMP_NUM_THREADS" in os.environ:
+        return default
+    n = requested if requested is not None else free_cores(default)
+    if n != default:
+        torch.set_num_threads(n)
+    if requested is None and n < default:
+        print(f"textgym: {default - n} of {default} cores are busy with other processes: torch uses {n} thread(s) "
+              "(--threads N to choose)", file=sys.stderr)  # fmt: skip
+    return n
+
+
 def _set_flag_type(parser: argparse.ArgumentParser, flag: str, kind) -> None:
     """Give an existing flag another type (the train flags are made from the config's fields)."""
     for action in parser._actions:
@@ -39,16 +110,19 @@ def _env_args(
 ) -> None:
     parser.add_argument("--model", default=None, help=model_help)
     parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
-    parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file (default: embedded set)")
+    parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file, a folder saved with datasets' "
+                        "save_to_disk, or a cached dataset's NAME[:SPLIT] (default: embedded set)")  # fmt: skip
+    parser.add_argument("--prompt-column", default=None, help="the .jsonl field or dataset column of the prompts "
+                        "(default: 'prompt')")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the env's)")
     parser.add_argument("--kl-coef", type=float, default=None, help="β (default: the env's, or the run's for eval)")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="where π_ref and the reward model run: cpu, cuda, auto")
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict:
     """The env arguments given on the command line (the env's own defaults for the others)."""
     kwargs = {"device": args.device}
-    for name in ("model", "reward_model", "prompts", "max_new_tokens", "kl_coef"):
+    for name in ("model", "reward_model", "prompts", "prompt_column", "max_new_tokens", "kl_coef"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs
@@ -58,8 +132,8 @@ def _calibration_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="pi_ref sampled for calibration (default: embedded LM)")
     parser.add_argument("--prompts", default=None, help="prompts for calibration (default: embedded set)")
     parser.add_argument("--episodes", type=int, default=512, help="samples of pi_ref to measure mean/std on")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--seed", type=_seed, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=32, help="response length cap of the samples")
+    parser.add_argument("--seed", type=_seed, default=0, help="seeds the prompts and the sampling")
 
 
 def cmd_info(args: argparse.Namespace) -> None:
@@ -100,19 +174,25 @@ def cmd_play(args: argparse.Namespace) -> None:
                         autoreset_mode="disabled", **_env_kwargs(args))  # fmt: skip
     policy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=args.temperature,
                                generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    normalised = envs.unwrapped._engine.norm is not None
     for episode in range(args.episodes):
         ep = collect_episodes(envs, policy, seed=args.seed + episode)[0]
-        kl = float(((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum())
+        kl = round(float(((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum()), 3) + 0.0  # no "-0.000"
+        score = f" (normalised {float(ep['score_reward']):+.2f})" if normalised else ""
         print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
-        print(f"     rm_score {float(ep['rm_score']):+.3f} (normalised {float(ep['score_reward']):+.2f})  "
-              f"gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  tokens {int(ep['response_length'])}")  # fmt: skip
+        print(f"     rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  "
+              f"tokens {int(ep['response_length'])}")  # fmt: skip
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from textgym.agents.ppo import train
     from textgym.agents.ppo.config import config_from_args
 
     cfg = config_from_args(args)
+    if args.print_config:  # a file to copy, edit and pass back with --config-file
+        print(json.dumps(cfg.to_dict(), indent=2))
+        return
+    from textgym.agents.ppo import train  # imports TorchRL: only when training
+
     history = train(cfg, overwrite=args.overwrite)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
@@ -134,6 +214,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     results = {}
     for name, policy in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
         results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
+                                 progress=name if args.progress else False,
                                  **(ref_kwargs if policy is None else kwargs))  # fmt: skip
         print(format_eval(name, results[name]))
     if args.out:
@@ -200,7 +281,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = _Subparsers(parser.add_subparsers(dest="command", required=True))
 
     p = sub.add_parser("info", help="print the default env's models, sizes and spaces")
     _env_args(p)
@@ -208,9 +289,9 @@ def main(argv: list[str] | None = None) -> None:
 
     p = sub.add_parser("play", help="run the reference policy on a few prompts")
     _env_args(p)
-    p.add_argument("--episodes", type=int, default=5)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--episodes", type=int, default=5, help="episodes to play and print")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of π_ref")
+    p.add_argument("--seed", type=_seed, default=0, help="seeds the prompts and the sampling")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("train", help="train the policy with PPO (TorchRL)")
@@ -219,27 +300,29 @@ def main(argv: list[str] | None = None) -> None:
     add_config_args(p)
     _set_flag_type(p, "--seed", _seed)
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out (refused without it or --resume)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
     _env_args(p, model_help="the policy to evaluate: a causal-LM folder, e.g. OUT/policy (default: π_ref alone)")
     p.add_argument("--ref-model", default=None, help="π_ref if not the run's (or the embedded LM)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
-    p.add_argument("--episodes", type=int, default=128)
-    p.add_argument("--num-envs", type=int, default=64)
-    p.add_argument("--seed", type=_seed, default=1234)
+    p.add_argument("--episodes", type=int, default=128, help="episodes per policy (the eval prompts, in order)")
+    p.add_argument("--num-envs", type=int, default=64, help="env slots sampled at once")
+    p.add_argument("--seed", type=_seed, default=1234, help="seeds the sampling")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("rm-train", help="train a Bradley-Terry reward model from preference pairs (JSONL)")
     p.add_argument("--pairs", required=True, help='JSONL lines {"prompt", "chosen", "rejected"}')
     p.add_argument("--val-pairs", default=None, help="held-out pairs (default: a split of --pairs)")
-    p.add_argument("--val-fraction", type=float, default=0.1)
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of --pairs without --val-pairs")
     p.add_argument("--out", required=True, help="folder to write the reward model to")
     p.add_argument("--backbone", default=None, help="causal-LM folder to start from (default: embedded LM)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3, help="passes over the pairs (early stop on held-out loss)")
+    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warmup and decay)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per step")
     p.add_argument("--no-calibrate", action="store_true", help="skip measuring mean/std under pi_ref")
     _calibration_args(p)
     p.set_defaults(func=cmd_rm_train)
@@ -253,20 +336,46 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
-    p.add_argument("--num-envs", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--kl-coef", type=float, default=None)
-    p.add_argument("--eval-episodes", type=int, default=None)
-    p.add_argument("--out", default=None)
+    p.add_argument("--num-envs", type=int, default=None, help="env slots (default: the preset's)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the preset's)")
+    p.add_argument("--kl-coef", type=float, default=None, help="β (default: the preset's)")
+    p.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the preset's)")
+    p.add_argument("--out", default=None, help="output folder (default: the preset's)")
     p.add_argument("--quick", action="store_true", help="a few-minute smoke preset")
     p.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)
+    import torch
+
+    threads = torch.get_num_threads()
     try:
+        set_threads(args.threads)
         args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, FolderInUseError) as err:
         print(f"textgym {args.command}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        torch.set_num_threads(threads)  # main() called from Python leaves the caller's setting
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default in ``--help``; not a None default, whose meaning the help text gives."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+class _Subparsers:
+    """``add_subparsers()`` whose commands show their defaults in ``--help`` and share ``--threads``."""
+
+    def __init__(self, action):
+        self.action = action
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        p = self.action.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+        p.add_argument("--threads", type=_positive_int, default=None,
+                       help="torch threads (default: one per core that other processes leave idle)")  # fmt: skip
+        return p
 
 
 if __name__ == "__main__":

@@ -21,6 +21,11 @@ DEFAULT_LM = ASSETS / "lm"
 DEFAULT_RM = ASSETS / "rm"
 DEFAULT_PROMPTS = ASSETS / "data" / "prompts_train.txt"
 EVAL_PROMPTS = ASSETS / "data" / "prompts_eval.txt"
+ARITH_LM = ASSETS / "arith_lm"  # TextArithmetic-v0's π_ref (textgym.assets.build_arithmetic)
+ARITH_TRAIN = ASSETS / "data" / "arith_train.txt"
+ARITH_EVAL = ASSETS / "data" / "arith_eval.txt"
+# The held-out prompts each registered env is evaluated on (disjoint from its train prompts).
+EVAL_PROMPTS_BY_ENV = {"TextRLHF-v0": EVAL_PROMPTS, "TextArithmetic-v0": ARITH_EVAL}
 
 __all__ = [
     "CachedDecoder",
@@ -28,6 +33,10 @@ __all__ = [
     "DEFAULT_RM",
     "DEFAULT_PROMPTS",
     "EVAL_PROMPTS",
+    "EVAL_PROMPTS_BY_ENV",
+    "ARITH_EVAL",
+    "ARITH_LM",
+    "ARITH_TRAIN",
     "TOKENIZER_FILES",
     "check_finite_output",
     "left_pad",

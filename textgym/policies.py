@@ -14,7 +14,40 @@ from torch import Tensor
 
 from textgym.models import CachedDecoder
 
-__all__ = ["LMSampler"]
+__all__ = ["LMSampler", "truncate_logits"]
+
+
+def truncate_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """``logits`` with every token outside the top-k, then the top-p (nucleus) set, at the dtype's lowest value.
+
+    Sampling from the result, and its log-softmax, give the truncated distribution the tokens were
+    drawn from; the PPO update applies the same function to its teacher-forced logits, so the
+    first ratio is 1. The lowest finite value, not -inf, keeps p·log p (entropy) finite. Ties at
+    the k-th logit are kept, as Hugging Face's top-k does; the most likely token is always kept.
+
+    Args:
+        logits: ``(..., V)``, already divided by the temperature (Hugging Face's order).
+        top_k: keep the k largest logits (None: all).
+        top_p: then keep the smallest set, by probability, whose probability reaches p (None: all).
+    """
+    if top_k is None and top_p is None:
+        return logits
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if top_k is not None and top_k < logits.shape[-1]:
+        keep &= logits >= logits.topk(top_k, dim=-1).values[..., -1:]  # (..., V) vs the k-th, (..., 1)
+    if top_p is not None and top_p < 1:
+        probs = logits.masked_fill(~keep, float("-inf")).softmax(-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above each one
+        keep &= torch.zeros_like(keep).scatter(-1, order, before < top_p)
+    return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+
+
+def _check_truncation(top_k: int | None, top_p: float | None) -> None:
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 1):
+        raise ValueError(f"top_k={top_k!r} must be an int >= 1 or None (every token)")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p={top_p!r} must be a float in (0, 1] or None (every token)")
 
 
 class LMSampler:
@@ -35,6 +68,10 @@ class LMSampler:
         temperature: sampling temperature; 0 means greedy (a deterministic policy: the
             log-prob of its action is 0, so the KL reported against π_ref is −Σ log π_ref).
         generator: a ``torch.Generator`` for reproducible sampling.
+        top_k, top_p: sample from the truncated distribution (see :func:`truncate_logits`; None: every
+            token); the log-prob returned is under that distribution.
+        seed: seeds a new generator when ``generator`` is None (without either, sampling draws from
+            torch's global RNG: a run is reproducible only under ``torch.manual_seed``).
     """
 
     def __init__(
@@ -46,16 +83,23 @@ class LMSampler:
         eos_token_id: int,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
     ):
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
+        _check_truncation(top_k, top_p)
         self.model = model
         self.prompt_len = prompt_len
         self.eos = eos_token_id
         self.temperature = temperature
-        self.generator = generator
+        self.top_k, self.top_p = top_k, top_p
         self.decoder = CachedDecoder(model, num_slots, max_len)
         self.device = self.decoder.device
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = generator
         self.fed = np.full(num_slots, -1, dtype=np.int64)  # response tokens consumed per slot
 
     @classmethod
@@ -111,13 +155,13 @@ class LMSampler:
     def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
         """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the policy that acts.
 
-        The log-prob is that of the distribution the token was drawn from: the tempered one, or
-        for greedy decoding (temperature 0) the point mass, log 1 = 0.
+        The log-prob is that of the distribution the token was drawn from: the tempered (and top-k/top-p
+        truncated) one, or for greedy decoding (temperature 0) the point mass, log 1 = 0.
         """
         logits = self.logits(obs)
         if self.temperature == 0:
             actions = logits.argmax(-1)
             return actions, torch.zeros(actions.shape, device=actions.device)
-        logp = torch.log_softmax(logits / self.temperature, dim=-1)
+        logp = torch.log_softmax(truncate_logits(logits / self.temperature, self.top_k, self.top_p), dim=-1)
         actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
         return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

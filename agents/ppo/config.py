@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
 
-__all__ = ["KL_PENALTIES", "PPOConfig", "PRESETS", "RESUME_APPLIED", "RESUME_FREE", "add_config_args",
-           "config_from_args"]  # fmt: skip
+__all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
+           "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip
 
 KL_PENALTIES = ("k1_reward", "k2_loss", "k3_loss")
 ALGOS = ("ppo", "grpo", "rloo")
+LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, after `warmup_iterations`
 # On resume: fields that may change and are applied from the resumed iteration on (the optimizer's
 # learning rates are set again after its state loads), and fields that do not touch the run's numbers.
 # Every other field defines the run (models, env, seed, algorithm): a change is refused.
-RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate")
-RESUME_FREE = ("out", "resume", "checkpoint_every", "progress")
+RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
+RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
+               "eval_episodes")  # fmt: skip
 
 
 @dataclass
@@ -41,9 +45,13 @@ class PPOConfig:
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
             ``RESUME_APPLIED`` fields may change (applied from the resumed iteration on), ``RESUME_FREE``
             ones freely; a folder without a run starts one.
-        model: π_ref and the policy's initialisation (HF folder or id; default embedded LM).
+        env_id: the registered env to train on: ``TextRLHF-v0`` (sentiment, learned RM) or
+            ``TextArithmetic-v0`` (verifiable "a+b=" answers); its registered defaults apply.
+        model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
         reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
-        prompts: train prompts (list file or default set).
+        prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
+            name, ``NAME[:SPLIT]`` (default: the env's set).
+        prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
         max_new_tokens: response length cap of the env.
         missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
@@ -61,7 +69,16 @@ class PPOConfig:
             for the rollout's and the update's forwards; fp32 weights, optimizer state, logits
             and log-softmax; log π_old is recomputed in the update's precision).
         temperature: sampling temperature of the rollout (and of the update's log-probs).
+        top_k: sample among the k most likely tokens only (None: all); the update's log-probs use the same
+            truncated distribution, so the first ratio stays 1.
+        top_p: sample from the smallest set of tokens whose probability reaches p (nucleus; None: all),
+            after temperature and top_k, as Hugging Face ``generate`` orders them.
         learning_rate, critic_learning_rate: AdamW step sizes of policy and critic.
+        lr_schedule: ``constant``, ``linear`` or ``cosine`` decay to 0 over the run (transformers' schedulers),
+            in iterations, after the warmup.
+        warmup_iterations: iterations of linear learning-rate warmup from 0 (0: none).
+        early_stop_kl: end an iteration's PPO epochs after the first epoch whose mean approx_kl exceeds it
+            (CleanRL's and SB3's target_kl; None: never). A pretrained LM can move far in one update.
         ppo_epochs: passes over each rollout.
         num_minibatches: minibatches per pass.
         clip_epsilon: ε of the clipped surrogate.
@@ -72,6 +89,11 @@ class PPOConfig:
         max_grad_norm: gradient-norm clip for each model.
         checkpoint_every: iterations between checkpoints (the last one is always saved).
         progress: show a progress bar.
+        samples_every: iterations between writing sample completions to ``samples.jsonl`` and TensorBoard (0: never).
+        num_samples: completions written each time (the first episodes of the rollout).
+        eval_every: iterations between evaluations on the held-out eval prompts (0: never); the results join
+            that iteration's metrics as ``eval_*``.
+        eval_episodes: episodes per evaluation.
     """
 
     total_episodes: int = 4096
@@ -82,9 +104,11 @@ class PPOConfig:
     device: str = "auto"
     out: str = "runs/ppo"
     resume: bool = False
+    env_id: str = "TextRLHF-v0"
     model: str | None = None
     reward_model: str | None = None
     prompts: str | None = None
+    prompt_column: str = "prompt"
     max_new_tokens: int = 32
     missing_eos_penalty: float = 0.0
     kl_coef: float = DEFAULT_KL_COEF
@@ -93,8 +117,13 @@ class PPOConfig:
     kl_penalty: str = "k1_reward"
     precision: str = "auto"
     temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
     learning_rate: float = 1e-4
     critic_learning_rate: float = 3e-4
+    lr_schedule: str = "constant"
+    warmup_iterations: int = 0
+    early_stop_kl: float | None = None
     ppo_epochs: int = 4
     num_minibatches: int = 4
     clip_epsilon: float = 0.2
@@ -106,6 +135,10 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     checkpoint_every: int = 10
     progress: bool = True
+    samples_every: int = 10
+    num_samples: int = 4
+    eval_every: int = 0
+    eval_episodes: int = 64
     num_iterations: int = field(init=False)
     minibatch_size: int = field(init=False)
 
@@ -150,8 +183,29 @@ class PPOConfig:
             raise ValueError(f"device={self.device!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
         if self.num_envs % self.num_minibatches:
             raise ValueError(f"num_envs={self.num_envs} must be divisible by num_minibatches={self.num_minibatches}")
+        self._check_additions()
         self.num_iterations = math.ceil(self.total_episodes / self.num_envs)
         self.minibatch_size = self.num_envs // self.num_minibatches
+
+    def _check_additions(self) -> None:
+        """Sampling truncation, the learning-rate schedule, the early stop and the periodic logging."""
+        for name in ("warmup_iterations", "samples_every", "eval_every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name}={value!r} must be an int >= 0 (0: off)")
+        for name in ("num_samples", "eval_episodes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be an int >= 1")
+        top_k = self.top_k
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise ValueError(f"top_k={self.top_k!r} must be an int >= 1 or None (every token)")
+        if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r} must be a float in (0, 1] or None (every token)")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
+        if self.early_stop_kl is not None and not (math.isfinite(self.early_stop_kl) and self.early_stop_kl > 0):
+            raise ValueError(f"early_stop_kl={self.early_stop_kl!r} must be a finite float > 0 or None (never stop)")
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
@@ -163,18 +217,46 @@ class PPOConfig:
         for name in ("model", "reward_model", "prompts"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
+        if self.prompt_column != "prompt":
+            kwargs["prompt_column"] = self.prompt_column
         return kwargs
 
 
-# `make demo`: a run that finishes in under 10 minutes on 2 CPU cores and visibly learns.
+PRESET_DIR = Path(__file__).parent / "presets"  # one JSON file per preset: copy one to start your own
+
+
+def field_defaults() -> dict[str, Any]:
+    """Every settable field's default (what a config file or a saved run without the field ran with)."""
+    return {f.name: f.default for f in fields(PPOConfig) if f.init and f.default is not MISSING}
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """The field values of a JSON config file (a preset, or a run's ``OUT/config.json``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: the file is not a JSON object, or names a field ``PPOConfig`` does not have.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config_file={str(path)!r} does not exist; give a JSON file such as OUT/config.json")
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"config_file={str(path)!r} is not valid JSON ({err})") from err
+    if not isinstance(values, dict):
+        raise ValueError(f"config_file={str(path)!r} holds {type(values).__name__}; it must be a JSON object of fields")
+    unknown = sorted(set(values) - set(field_defaults()))
+    if unknown:
+        raise ValueError(f"config_file={str(path)!r} has unknown fields {unknown}; allowed: {sorted(field_defaults())}")
+    return values
+
+
+# `make demo` (demo.json): a run that finishes in under 10 minutes on 2 CPU cores and visibly learns.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    "demo": {"total_episodes": 3072, "num_envs": 64, "max_new_tokens": 24, "out": "runs/demo",
-             "learning_rate": 1e-4, "critic_learning_rate": 1e-3, "kl_coef": 0.1, "target_kl": 10.0,
-             "kl_horizon": 1000, "checkpoint_every": 8},
-    "tiny": {"total_episodes": 16, "num_envs": 8, "max_new_tokens": 6, "num_minibatches": 2, "ppo_epochs": 1,
-             "out": "runs/tiny", "progress": False},
-}  # fmt: skip
+    **{path.stem: load_config_file(path) for path in sorted(PRESET_DIR.glob("*.json"))},
+}
 
 
 def _parse_optional(kind):
@@ -185,15 +267,20 @@ def _parse_optional(kind):
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per field (``--total-episodes``; ``none`` for an optional one), plus ``--config PRESET``."""
-    parser.add_argument("--config", choices=sorted(PRESETS), default="default", help="preset the flags start from")
+    """One flag per field (``--total-episodes``; ``none`` for an optional one), ``--config`` and ``--config-file``."""
+    parser.add_argument("--config", choices=sorted(PRESETS), default="default",
+                        help=f"preset the flags start from (files in {PRESET_DIR})")  # fmt: skip
+    parser.add_argument("--config-file", default=None, help="a JSON file of fields (a copied preset, or a run's "
+                        "OUT/config.json), applied over the preset; flags given apply over it")  # fmt: skip
     doc = PPOConfig.__doc__ or ""
+    defaults = field_defaults()
     for f in fields(PPOConfig):
         if not f.init:
             continue
         flag = "--" + f.name.replace("_", "-")
         help_text = next((line.split(":", 1)[1].strip() for line in doc.splitlines()
                           if line.strip().startswith(f.name + ":")), "")  # fmt: skip
+        help_text = f"{help_text} (default: {defaults[f.name]})".replace("%", "%%")
         kind = f.type if isinstance(f.type, str) else f.type.__name__
         if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
@@ -204,8 +291,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
-    """Preset values overridden by every flag given on the command line."""
+    """Preset values, then the ``--config-file``'s, then every flag given on the command line."""
     values = dict(PRESETS[args.config])
+    if getattr(args, "config_file", None):
+        values.update(load_config_file(args.config_file))
     for f in fields(PPOConfig):
         if f.init and hasattr(args, f.name):  # flags not given are absent (SUPPRESS)
             values[f.name] = getattr(args, f.name)

@@ -24,11 +24,11 @@ import textgym  # noqa: F401  (registers TextRLHF-v0)
 from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import resolve_device
-from textgym.policies import LMSampler
+from textgym.policies import LMSampler, truncate_logits
 from textgym.utils import lock_folder, recover_folder, save_folder_atomically, short_repr, write_text_atomically
 
 from ..evaluate import RUN_INFO
-from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig
+from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
 from .kl import make_kl_controller
 from .models import TokenLogits, TokenValues, make_actor, make_critic, make_loss, ppo_diagnostics
 from .rollout import compute_advantages, explained_variance, group_advantages, per_token_rewards, sequence_batch
@@ -55,6 +55,9 @@ class Trainer:
     env_steps: int = 0  # tokens generated in training episodes: what every algorithm is charged
     last_beta: float = 0.0  # β of the last rollout: the objective the current policy was updated on
     _last_logits: list = field(default_factory=list)  # the policy logits of the last loss call
+    lr_factor: Any = None  # iteration -> learning-rate multiplier (warmup, then the schedule's decay)
+    env_overrides: dict = field(default_factory=dict)  # gym.make arguments beyond the config's (the benchmark's)
+    last_episodes: Any = None  # the last rollout's episodes (for the logged samples)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -69,7 +72,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         envs = gym.make_vec(
-            "TextRLHF-v0",
+            cfg.env_id,
             num_envs=cfg.num_envs,
             vectorization_mode="vector_entry_point",
             autoreset_mode="disabled",  # one complete episode per slot (collect_episodes)
@@ -86,10 +89,15 @@ class Trainer:
             groups.append({"params": list(critic.parameters()), "lr": cfg.critic_learning_rate})
         optimizer = torch.optim.AdamW(groups, eps=1e-5)
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator)
+        sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator, top_k=cfg.top_k,
+                                    top_p=cfg.top_p)  # fmt: skip
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
         trainer = cls(cfg, envs, policy, critic, loss, actor_logits, optimizer, kl_ctl, sampler, device,
-                      last_beta=kl_ctl.value)  # fmt: skip
+                      last_beta=kl_ctl.value, lr_factor=lr_schedule(cfg),
+                      env_overrides=dict(env_overrides or {}))  # fmt: skip
+        if cfg.top_k is not None or cfg.top_p is not None:
+            # the update's teacher-forced logits get the sampler's truncation (this hook runs first): ratio 1 at start
+            actor_logits.register_forward_hook(lambda module, inputs, out: truncate_logits(out, cfg.top_k, cfg.top_p))
         actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
         return trainer
 
@@ -114,6 +122,7 @@ class Trainer:
             seed = None
         episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, autocast=self.autocast,
                                     seed=seed, prompts=self._group_prompts(num_episodes), timing=timing)  # fmt: skip
+        self.last_episodes = episodes
         data = sequence_batch(episodes).to(self.device)
 
         # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
@@ -205,42 +214,91 @@ class Trainer:
         return beta * masked_mean(per_token, mb["mask"])
 
     def _update(self, data, beta: float) -> dict[str, float]:
+        """Epochs × minibatches of whole sequences; stops after an epoch whose mean approx_kl passes early_stop_kl."""
         cfg = self.cfg
         sums: dict[str, float] = {}
-        n_updates = 0
+        n_updates = epochs_run = 0
+        lr = self._set_learning_rates()
         self.policy.train(False)  # dropout stays off during PPO (N+ implementation details)
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + self.iteration_done)
         batch = data.batch_size[0]
         for _ in range(cfg.ppo_epochs):
+            epochs_run += 1
             order = torch.randperm(batch, generator=gen)
+            epoch_kl = []
             for rows in torch.tensor_split(order, min(cfg.num_minibatches, batch)):
-                mb = data[rows.to(self.device)]
-                self._last_logits.clear()
-                with self.autocast():
-                    out = self.loss(mb)
-                total = out["loss_objective"] + out.get("loss_critic", 0.0) + out["loss_entropy"]
-                if cfg.kl_penalty != "k1_reward":
-                    out["loss_kl"] = self._kl_loss(mb, beta)
-                    total = total + out["loss_kl"]
-                self.optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                if self.critic is not None:
-                    torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
-                self.optimizer.step()
+                diag = self._minibatch_step(data[rows.to(self.device)], beta)
                 n_updates += 1
-                # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
-                diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
-                                       cfg.clip_epsilon)  # fmt: skip
-                diag["policy_loss"] = out["loss_objective"].item()
-                if "loss_critic" in out.keys():
-                    diag["value_loss"] = out["loss_critic"].item()
-                if "loss_kl" in out:
-                    diag["kl_loss"] = out["loss_kl"].item()
+                epoch_kl.append(diag["approx_kl"])
                 for key, value in diag.items():
                     sums[key] = sums.get(key, 0.0) + value
+            if cfg.early_stop_kl is not None and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
+                break  # CleanRL's target_kl: the policy moved far enough from π_old on this rollout
         self._last_logits.clear()
-        return {k: v / n_updates for k, v in sums.items()}
+        return {**{k: v / n_updates for k, v in sums.items()}, "ppo_epochs_run": epochs_run, "learning_rate": lr}
+
+    def _minibatch_step(self, mb, beta: float) -> dict[str, float]:
+        """One optimizer step on a minibatch; returns its diagnostics over valid tokens."""
+        cfg = self.cfg
+        self._last_logits.clear()
+        with self.autocast():
+            out = self.loss(mb)
+        total = out["loss_objective"] + out.get("loss_critic", 0.0) + out["loss_entropy"]
+        if cfg.kl_penalty != "k1_reward":
+            out["loss_kl"] = self._kl_loss(mb, beta)
+            total = total + out["loss_kl"]
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        if self.critic is not None:
+            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+        self.optimizer.step()
+        # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
+        diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
+                               cfg.clip_epsilon)  # fmt: skip
+        diag["policy_loss"] = out["loss_objective"].item()
+        if "loss_critic" in out.keys():
+            diag["value_loss"] = out["loss_critic"].item()
+        if "loss_kl" in out:
+            diag["kl_loss"] = out["loss_kl"].item()
+        return diag
+
+    def _set_learning_rates(self) -> float:
+        """Put this iteration's rates on the schedule into the optimizer; returns the policy's."""
+        factor = self.lr_factor(self.iteration_done) if self.lr_factor is not None else 1.0
+        for group, lr in zip(self.optimizer.param_groups, (self.cfg.learning_rate, self.cfg.critic_learning_rate)):
+            group["lr"] = lr * factor
+        return self.cfg.learning_rate * factor
+
+    # ------------------------------------------------------------------ samples and evaluation
+    def samples(self) -> list[dict[str, Any]]:
+        """The first ``num_samples`` episodes of the last rollout: prompt, response, scores and KL to π_ref."""
+        ep = self.last_episodes
+        k = min(self.cfg.num_samples, ep.batch_size[0])
+        kl = ((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum(1)  # (B,)
+        return [{"iteration": self.iteration_done, "prompt": ep["prompt"][i], "response": ep["response"][i],
+                 "rm_score": float(ep["rm_score"][i]), "score": float(ep["score_reward"][i]),
+                 "gold_score": float(ep["gold_score"][i]), "kl": float(kl[i])} for i in range(k)]  # fmt: skip
+
+    def evaluate(self) -> dict[str, float]:
+        """The current policy on ``eval_episodes`` of the env's held-out prompts at the last rollout's β (``eval_*``).
+
+        Sampling uses its own generator and env: the training run's RNG streams are untouched.
+        """
+        from ..evaluate import evaluate
+
+        cfg = self.cfg
+        env_kwargs = {**cfg.env_kwargs(), **self.env_overrides, "kl_coef": self.last_beta}
+        env_kwargs.pop("prompts", None)  # the env's eval split, not the train prompts
+
+        def factory(envs):
+            return LMSampler.for_env(self.policy, envs, temperature=cfg.temperature, top_k=cfg.top_k,
+                                     top_p=cfg.top_p, seed=cfg.seed)  # fmt: skip
+
+        result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=cfg.env_id, seed=cfg.seed,
+                          num_envs=min(cfg.num_envs, cfg.eval_episodes), device=str(self.device),
+                          **env_kwargs)  # fmt: skip
+        return {f"eval_{k}": result[k][0] for k in ("score", "rm_score", "gold_score", "kl", "objective")}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, out: Path) -> None:
@@ -290,9 +348,11 @@ class Trainer:
     def run_info(self) -> dict[str, Any]:
         """What evaluating the saved policy needs to measure the objective it was trained on."""
         cfg = self.cfg
-        info = {"kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+        info = {"env_id": cfg.env_id, "kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens,
+                "temperature": cfg.temperature,
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
-        return info | {k: getattr(cfg, k) for k in ("model", "reward_model") if getattr(cfg, k) is not None}
+        return info | {k: getattr(cfg, k) for k in ("model", "reward_model", "top_k", "top_p")
+                       if getattr(cfg, k) is not None}  # fmt: skip
 
     def load(self, ckpt: Path) -> None:
         """Continue from ``ckpt``; this trainer's learning rates win over the saved ones (``RESUME_APPLIED``).
@@ -314,6 +374,20 @@ class Trainer:
         self.envs.unwrapped.set_rng_state(state["env_rng"])
         self.iteration_done = state["iteration"]
         self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
+
+
+def lr_schedule(cfg: PPOConfig):
+    """Iteration -> learning-rate multiplier: transformers' schedule, stepped once per iteration.
+
+    As in transformers, warmup rises linearly from 0 (the first warmup iteration updates with rate 0),
+    then ``linear`` and ``cosine`` decay towards 0 at ``num_iterations``; ``constant`` stays at 1.
+    """
+    from transformers import get_scheduler
+
+    name = "constant_with_warmup" if cfg.lr_schedule == "constant" and cfg.warmup_iterations else cfg.lr_schedule
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # its own optimizer: ours stays untouched
+    schedule = get_scheduler(name, probe, num_warmup_steps=cfg.warmup_iterations, num_training_steps=cfg.num_iterations)
+    return schedule.lr_lambdas[0]
 
 
 # ---------------------------------------------------------------------- checkpoint files
@@ -410,8 +484,9 @@ def _set_rng_states(state: dict[str, Any], tensors: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------- the run folder
 METRICS = "metrics.jsonl"
+SAMPLES = "samples.jsonl"  # sample completions every `samples_every` iterations
 RUN_FOLDERS = ("checkpoint", "policy", "value")  # written with save_folder_atomically
-RUN_FILES = (METRICS, "config.json", "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
+RUN_FILES = (METRICS, SAMPLES, "config.json", "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -446,7 +521,11 @@ def _metrics_row(path: Path, n: int, line: str) -> dict[str, Any]:
 
 
 def check_resume_config(saved: dict[str, Any], cfg: PPOConfig) -> None:
-    """Refuse a resume that changes what defines the run; warn about the allowed changes it applies."""
+    """Refuse a resume that changes what defines the run; warn about the allowed changes it applies.
+
+    A field the saved config lacks (added to ``PPOConfig`` after the run started) counts as its default.
+    """
+    saved = {**field_defaults(), **saved}
     now = cfg.to_dict()
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
     refused = [k for k in changed if k not in RESUME_APPLIED + RESUME_FREE]
@@ -523,10 +602,40 @@ def _clear_run(out: Path) -> None:
 
 def _log_row(writer, bar, row: dict[str, float]) -> None:
     for key, value in row.items():
-        if key != "iteration":
+        if key.startswith("eval_"):
+            writer.add_scalar(f"eval/{key.removeprefix('eval_')}", value, row["iteration"])
+        elif key != "iteration":
             writer.add_scalar(f"ppo/{key}", value, row["iteration"])
+    # the postfix first, then one refresh: a set_postfix after update() drew the last line a second time
+    bar.set_postfix(score=f"{row['score']:+.2f}", gold=f"{row['gold_score']:+.2f}", kl=f"{row['kl']:.2f}",
+                    refresh=False)  # fmt: skip
     bar.update()
-    bar.set_postfix(score=f"{row['score']:+.2f}", gold=f"{row['gold_score']:+.2f}", kl=f"{row['kl']:.2f}")
+
+
+def _log_samples(out: Path, writer, rows: list[dict[str, Any]]) -> None:
+    """Append sample completions to ``samples.jsonl`` and show them as a TensorBoard text table."""
+    with (out / SAMPLES).open("a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    table = ["| prompt | response | score | gold | KL |", "|---|---|---|---|---|"]
+    table += [f"| {r['prompt']!r} | {r['response']!r} | {r['score']:+.2f} | {r['gold_score']:+.2f} | {r['kl']:.2f} |"
+              for r in rows]  # fmt: skip
+    writer.add_text("samples", "\n".join(table), rows[0]["iteration"])
+
+
+def _keep_samples(out: Path, iteration: int) -> None:
+    """On resume: drop the sample rows past the checkpoint's iteration (those iterations run again)."""
+    path = out / SAMPLES
+    if path.is_file():
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        write_text_atomically(path, "".join(line + "\n" for line in lines if _sample_iteration(line) <= iteration))
+
+
+def _sample_iteration(line: str) -> int:
+    """The iteration of a ``samples.jsonl`` row; a torn row counts as past every checkpoint (dropped)."""
+    try:
+        return int(json.loads(line)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
 
 
 def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[dict[str, float]]]:
@@ -538,6 +647,7 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     elif overwrite:
         _clear_run(out)  # only now that the new run's models have loaded
     history = history or []
+    _keep_samples(out, trainer.iteration_done)
     write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
     write_text_atomically(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     return trainer, history
@@ -562,11 +672,17 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
         try:
             while trainer.iteration_done < cfg.num_iterations:
                 row = trainer.iteration()
+                if cfg.eval_every and trainer.iteration_done % cfg.eval_every == 0:
+                    row.update(trainer.evaluate())
+                if cfg.samples_every and trainer.iteration_done % cfg.samples_every == 0:
+                    _log_samples(out, writer, trainer.samples())
                 history.append(row)
                 with (out / METRICS).open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 _log_row(writer, bar, row)
                 last = trainer.iteration_done == cfg.num_iterations
+                if last:
+                    bar.close()  # its final line once, before anything the last save prints
                 if last or trainer.iteration_done % cfg.checkpoint_every == 0:
                     trainer.save(out)
         finally:

@@ -61,6 +61,7 @@ class LMFeaturesExtractor(BaseFeaturesExtractor):
         return self
 
     def forward(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
+        _check_token_ids(observations, self.body.get_input_embeddings().num_embeddings)
         ids = observations["input_ids"].long()  # SB3 hands Box observations over as float
         mask = observations["attention_mask"].long()
         hidden = self.body(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
@@ -68,6 +69,26 @@ class LMFeaturesExtractor(BaseFeaturesExtractor):
         length = mask.shape[1]
         last = length - 1 - mask.flip(-1).argmax(-1)  # column of the last real token, (B,)
         return hidden[torch.arange(ids.shape[0], device=ids.device), last]  # (B, H)
+
+
+def _check_token_ids(observations: dict[str, torch.Tensor], vocab_size: int) -> None:
+    """Refuse observations that are not token ids, naming the usual cause: ``VecNormalize(norm_obs=True)``.
+
+    Why: SB3 passes the ids as floats; a wrapper that standardises them hands over values like
+    -0.37 that ``.long()`` turns into wrong or negative ids, and the embedding fails with an opaque
+    ``IndexError`` (or, worse, embeds the wrong tokens).
+    """
+    for key, high in (("input_ids", vocab_size - 1), ("attention_mask", 1)):
+        values = observations[key]
+        bad = (values != values.round()) | (values < 0) | (values > high)
+        if bad.any():
+            raise ValueError(
+                f"observations[{key!r}] holds {values[bad][0].item():.4g} (values in [{values.min().item():.4g}, "
+                f"{values.max().item():.4g}]), not token ids in [0, {high}]: the observations were changed before "
+                "the policy (SB3's VecNormalize(norm_obs=True), its default, standardises them as floats). Token "
+                "ids are categories, not measurements: wrap the env with VecNormalize(venv, norm_obs=False) "
+                "(and norm_reward=False with KLPenaltyCallback)"
+            )
 
 
 class _FromLM:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,37 +43,74 @@ __all__ = [
 ]
 
 DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
+RENDER_MODES = ["ansi", "rgb_array"]
+_IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
 
-def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]:
+def _fork_safe_threads() -> None:
+    """Run torch on one thread in a process forked after textgym was imported.
+
+    Why: GNU OpenMP's thread pool does not survive ``fork``. Once the parent has run a parallel torch
+    op, the child's first one waits forever for threads that exist only in the parent (Gymnasium's
+    ``AsyncVectorEnv`` forks by default). With one thread torch never enters an OpenMP region; it is
+    also what N worker processes on N cores want, and what torch's own DataLoader workers do.
+    """
+    if os.getpid() != _IMPORT_PID:
+        torch.set_num_threads(1)
+
+
+def _check_render_mode(render_mode: str | None) -> str | None:
+    if render_mode is not None and render_mode not in RENDER_MODES:
+        raise ValueError(f"render_mode={render_mode!r} is not one of {RENDER_MODES} or None")
+    return render_mode
+
+
+def text_image(text: str, height: int = 256, width: int = 512) -> np.ndarray:
+    """``text`` drawn black on white as an ``(height, width, 3)`` uint8 frame (``render_mode="rgb_array"``).
+
+    Why a picture of text: SB3's ``make_vec_env`` asks every env for ``rgb_array`` and video
+    recorders take frames; a fixed size keeps every frame of a video the same. Long text keeps its
+    last lines (the newest tokens).
+    """
+    import textwrap
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default()
+    line_height = 12
+    lines = [row for part in text.splitlines() or [""] for row in textwrap.wrap(part, width // 7) or [""]]
+    lines = lines[-max(1, (height - 8) // line_height) :]
+    image = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(image)
+    for i, line in enumerate(lines):
+        draw.text((4, 4 + i * line_height), line, fill="black", font=font)
+    return np.asarray(image, dtype=np.uint8)
+
+
+def load_prompts(prompts: Sequence[str] | str | os.PathLike | None, column: str = "prompt") -> list[str]:
     """Resolve the ``prompts=`` argument to a non-empty list of prompt strings.
 
     Args:
-        prompts: a list of str, a ``.txt`` path (one prompt per non-blank line), a ``.jsonl``
-            path (one ``{"prompt": str}`` object per non-blank line) or ``None`` (the embedded
+        prompts: a list of str; a ``.txt`` path (one prompt per non-blank line); a ``.jsonl`` path
+            (one JSON object per non-blank line, its ``column`` a str); a folder written by a Hugging
+            Face ``datasets`` ``save_to_disk`` (a ``DatasetDict``'s ``"train"`` split, or its only one;
+            ``FOLDER/SPLIT`` picks another); the name of a dataset in the local Hugging Face cache,
+            ``"NAME"`` or ``"NAME:SPLIT"`` (default split ``"train"``); or ``None`` (the embedded
             train prompts). Files are read as UTF-8.
+        column: the field holding the prompt in ``.jsonl`` rows and datasets.
 
     Raises:
-        FileNotFoundError: the path does not exist.
+        FileNotFoundError: the path does not exist (and is no cached dataset's name).
         ValueError: a wrong suffix, a file that is not UTF-8, a bad ``.jsonl`` line (its number is
-            named) or no prompts.
+            named), a dataset without ``column`` or with several splits and no ``"train"``, or no prompts.
         TypeError: ``prompts`` is not a list of str.
     """
     if prompts is None:
         prompts = DEFAULT_PROMPTS
     source = "prompts"
     if isinstance(prompts, (str, os.PathLike)):
-        path = Path(prompts)
-        source = f"prompts={str(path)!r}"
-        if not path.exists():
-            raise FileNotFoundError(f"{source} does not exist; give a list of str or a .txt/.jsonl path")
-        if path.suffix not in (".txt", ".jsonl"):
-            raise ValueError(f"{source} must end in .txt or .jsonl")
-        text = _read_utf8(path, source)
-        if path.suffix == ".jsonl":
-            prompts = _read_jsonl_prompts(path, text)
-        else:
-            prompts = [line for line in text.splitlines() if line.strip()]
+        source = f"prompts={os.fspath(prompts)!r}"
+        prompts = _prompts_from_source(Path(prompts), source, column)
     try:
         prompts = list(prompts)
     except TypeError as err:
@@ -83,6 +121,74 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None) -> list[str]
         if not isinstance(p, str):
             raise TypeError(f"prompts[{i}]={short_repr(p)} is not a str; every prompt must be a str")
     return prompts
+
+
+def _prompts_from_source(path: Path, source: str, column: str) -> list:
+    """The prompts of a text/JSONL file, a saved dataset folder or a cached dataset's name."""
+    if path.is_dir():
+        return _dataset_column(_load_dataset_folder(path, source), column, source)
+    if not path.exists():
+        if path.suffix not in (".txt", ".jsonl") and _DATASET_NAME.fullmatch(str(path)):
+            return _dataset_column(_load_cached_dataset(str(path), source), column, source)
+        raise FileNotFoundError(
+            f"{source} does not exist; give a list of str, a .txt/.jsonl path, a folder saved with datasets' "
+            "save_to_disk or the name of a dataset in the local Hugging Face cache"
+        )
+    if path.suffix not in (".txt", ".jsonl"):
+        raise ValueError(f"{source} must end in .txt or .jsonl (or be a dataset folder)")
+    text = _read_utf8(path, source)
+    if path.suffix == ".jsonl":
+        return _read_jsonl_prompts(path, text, column)
+    return [line for line in text.splitlines() if line.strip()]
+
+
+_DATASET_NAME = re.compile(r"[\w.-]+(/[\w.-]+)?(:[\w.-]+)?")  # "imdb", "org/name", "org/name:test"
+
+
+def _load_dataset_folder(path: Path, source: str):
+    """A ``datasets`` folder from ``save_to_disk``: a Dataset, or the ``"train"`` (or only) split of a DatasetDict."""
+    datasets = _import_datasets(source)
+    try:
+        data = datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise ValueError(f"{source} is a folder but not one written by datasets' save_to_disk ({err})") from err
+    if isinstance(data, datasets.DatasetDict):
+        splits = sorted(data)
+        if "train" not in data and len(splits) != 1:
+            raise ValueError(f"{source} holds the splits {splits} and no 'train'; give one split's folder, e.g. "
+                             f"{str(path / splits[0])!r}")  # fmt: skip
+        data = data["train" if "train" in data else splits[0]]
+    return data
+
+
+def _load_cached_dataset(name: str, source: str):
+    """``NAME[:SPLIT]`` through ``datasets.load_dataset`` (with ``HF_HUB_OFFLINE=1``: the local cache only)."""
+    datasets = _import_datasets(source)
+    name, _, split = name.partition(":")
+    try:
+        return datasets.load_dataset(name, split=split or "train")
+    except Exception as err:  # not cached, no such split, offline: one clear error
+        raise FileNotFoundError(
+            f"{source} is neither a file, a folder nor a dataset datasets can load from its cache "
+            f"({type(err).__name__}: {err})"
+        ) from err
+
+
+def _import_datasets(source: str):
+    try:
+        import datasets
+    except ImportError as err:
+        raise ValueError(f"{source} names a Hugging Face dataset: pip install 'textgym[datasets]'") from err
+    return datasets
+
+
+def _dataset_column(data, column: str, source: str) -> list:
+    if column not in data.column_names:
+        raise ValueError(
+            f"{source} has no column {column!r}; its columns are {data.column_names}: pass prompt_column= "
+            "(--prompt-column) naming the one that holds the prompts"
+        )
+    return data[column]
 
 
 def _read_utf8(path: Path, source: str) -> str:
@@ -96,8 +202,8 @@ def _read_utf8(path: Path, source: str) -> str:
         ) from err
 
 
-def _read_jsonl_prompts(path: Path, text: str) -> list[str]:
-    """The ``"prompt"`` of every non-blank line of a ``.jsonl`` file; a bad line raises naming its number."""
+def _read_jsonl_prompts(path: Path, text: str, column: str = "prompt") -> list[str]:
+    """The ``column`` of every non-blank line of a ``.jsonl`` file; a bad line raises naming its number."""
     out = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -107,14 +213,14 @@ def _read_jsonl_prompts(path: Path, text: str) -> list[str]:
         except ValueError as err:
             raise ValueError(
                 f"prompts={str(path)!r}: line {n} is not valid JSON ({err}); each line must be "
-                "a JSON object with a str 'prompt'"
+                f"a JSON object with a str {column!r}"
             ) from err
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+        if not isinstance(row, dict) or not isinstance(row.get(column), str):
             raise ValueError(
                 f"prompts={str(path)!r}: line {n} is {line.strip()[:80]!r}; each line must be a JSON object "
-                "with a str 'prompt'"
+                f"with a str {column!r}"
             )
-        out.append(row["prompt"])
+        out.append(row[column])
     return out
 
 
@@ -247,6 +353,7 @@ class _Engine:
         reward_model=None,
         gold_scorer="vader",
         prompts=None,
+        prompt_column: str = "prompt",
         max_prompt_tokens: int | None = None,
         max_new_tokens: int = 32,
         kl_coef: float = DEFAULT_KL_COEF,
@@ -259,6 +366,7 @@ class _Engine:
         dtype: str | torch.dtype | None = None,
         reward_timeout: float | None = None,
     ):
+        _fork_safe_threads()
         max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
         if action_mask_top_p is not None and not (
             isinstance(action_mask_top_p, (int, float)) and 0 < action_mask_top_p <= 1
@@ -284,7 +392,7 @@ class _Engine:
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
         self.chat_template = _check_chat_template(chat_template, self.tokenizer)
         self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
-        self.prompts = load_prompts(prompts)
+        self.prompts = load_prompts(prompts, prompt_column)
         self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
         self.max_new_tokens = max_new_tokens
         self.seq_len = self.max_prompt_tokens + self.max_new_tokens
@@ -491,15 +599,16 @@ class _Engine:
         for k, s in enumerate(slots):
             penalty = self.missing_eos_penalty if capped[s] else 0.0
             reward[s] += score[k] - penalty
+            # numpy scalars: TorchRL's info readers need a dtype (a float64 is also a Python float)
             final[int(s)] = {
-                "rm_score": float(rm[k]),
-                "score_reward": float(score[k]),
-                "eos_penalty": -penalty,
-                "gold_score": float(gold[k]),
+                "rm_score": np.float64(rm[k]),
+                "score_reward": np.float64(score[k]),
+                "eos_penalty": np.float64(-penalty),
+                "gold_score": np.float64(gold[k]),
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],
-                "response_length": int(self.length[s]),
-                "length_capped": bool(capped[s]),
+                "response_length": np.int64(self.length[s]),
+                "length_capped": np.bool_(capped[s]),
             }
         return final
 
@@ -545,9 +654,12 @@ _DOC_ARGS = """
             function ``f(prompts, responses) -> floats`` (default: the embedded RM).
         gold_scorer: the same routes; scores every finished episode beside the proxy RM for
             reward over-optimisation studies (default ``"vader"``; ``None`` turns it off).
-        prompts: list of str, or a UTF-8 ``.txt`` / ``.jsonl`` path (default: the embedded train
+        prompts: list of str, a UTF-8 ``.txt`` / ``.jsonl`` path, a folder saved with Hugging Face
+            ``datasets``' ``save_to_disk``, or a dataset's name in the local Hugging Face cache
+            (``"NAME"`` or ``"NAME:SPLIT"``; see :func:`load_prompts`) (default: the embedded train
             prompts; the eval prompts are ``textgym.models.EVAL_PROMPTS``). Special-token text in
             a prompt (``"<pad>"``) is encoded as text, never as the special token.
+        prompt_column: the field of a ``.jsonl`` row or a dataset holding the prompt (default ``"prompt"``).
         max_prompt_tokens: prompt block length (default: the longest prompt of the set).
             A longer prompt is refused with a ``ValueError``, never silently truncated.
         max_new_tokens: response length cap; reaching it terminates the episode (default 32).
@@ -626,12 +738,25 @@ class TextRLHFEnv(gym.Env):
         gives :class:`TextRLHFVectorEnv`: one batched cached π_ref forward per step for all N
         slots and one batched RM call for the episodes ending on that step.
 
+    Rendering:
+        ``render_mode="ansi"`` returns the prompt and response so far as text, ``"rgb_array"`` that
+        text drawn black on white as a ``(256, 512, 3)`` uint8 frame (for video recorders).
+
+    Processes:
+        ``gym.make_vec(..., vectorization_mode="async")`` works with the default ``fork`` start
+        method: an env built in a process forked after ``import textgym`` sets torch to one thread
+        (GNU OpenMP's pool does not survive fork), as torch's DataLoader workers do. One env per
+        process then uses one core; ``torch.set_num_threads`` after ``make`` overrides it.
+
     Version History:
         v0: initial release. Changed before any release, keeping the id: reaching
             ``max_new_tokens`` is ``terminated`` with ``info["length_capped"]`` (it was
             ``truncated``); any of the model's stop ids ends an episode; ``chat_template``;
             with autoreset disabled a finished slot ignores its action (it raised); special-token
-            text in prompts is encoded as text (it was parsed); ``reward_timeout``.
+            text in prompts is encoded as text (it was parsed); ``reward_timeout``; ``render_mode=
+            "rgb_array"`` draws the text as a frame (SB3's ``make_vec_env`` asks for it); numeric infos are
+            numpy scalars (TorchRL's info readers need a dtype; a ``float64`` is still a Python float); in a
+            process forked after textgym's import, torch runs on one thread (``AsyncVectorEnv`` hung).
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -645,12 +770,10 @@ class TextRLHFEnv(gym.Env):
     """
     )
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": RENDER_MODES, "render_fps": 4}
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any):
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
-        self.render_mode = render_mode
+        self.render_mode = _check_render_mode(render_mode)
         self._engine = _Engine(1, **kwargs)
         e = self._engine
         self.action_space = spaces.Discrete(e.vocab_size)
@@ -694,16 +817,19 @@ class TextRLHFEnv(gym.Env):
             raise RuntimeError("step() called after the episode ended (terminated or truncated); call env.reset()")
         a = _check_action(action, e.vocab_size)
         out = e.advance(np.array([a], dtype=np.int64), np.ones(1, dtype=bool))
-        info = {"ref_logprob": float(out["ref_logprob"][0]), **out["final"].get(0, {})}
+        info = {"ref_logprob": np.float64(out["ref_logprob"][0]), **out["final"].get(0, {})}
         return e.observation(0), float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
 
     def action_masks(self) -> np.ndarray:
         """``(vocab_size,)`` bool mask of the allowed tokens (see ``action_mask_top_p``)."""
         return self._engine.action_masks()[0]
 
-    def render(self) -> str | None:
+    def render(self) -> str | np.ndarray | None:
+        """The prompt and response so far: text (``"ansi"``) or that text drawn as a frame (``"rgb_array"``)."""
         if self.render_mode == "ansi":
             return self._engine.render(0)
+        if self.render_mode == "rgb_array":
+            return text_image(self._engine.render(0))
         return None
 
 
@@ -739,7 +865,7 @@ class TextRLHFVectorEnv(VectorEnv):
     """
     )
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4, "autoreset_mode": AutoresetMode.NEXT_STEP}
+    metadata = {"render_modes": RENDER_MODES, "render_fps": 4, "autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(
         self,
@@ -752,10 +878,8 @@ class TextRLHFVectorEnv(VectorEnv):
         mode = _AUTORESET.get(autoreset_mode.lower() if isinstance(autoreset_mode, str) else autoreset_mode)
         if mode is None:
             raise ValueError(f"autoreset_mode={autoreset_mode!r} is not one of {sorted(_AUTORESET, key=str)}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode={render_mode!r} is not one of {self.metadata['render_modes']}")
+        self.render_mode = _check_render_mode(render_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": mode}
-        self.render_mode = render_mode
         self.num_envs = int(num_envs)
         self._engine = _Engine(self.num_envs, **kwargs)
         e = self._engine
@@ -902,15 +1026,13 @@ class TextRLHFVectorEnv(VectorEnv):
             slots = np.flatnonzero(ended)
             final_obs = e.observation(slots)
             for row, s in enumerate(slots):
-                obs_s = {k: v[row] for k, v in final_obs.items()}
-                final_info = {"ref_logprob": out["ref_logprob"][s], **out["final"][int(s)]}
-                info = self._add_info(info, {"final_obs": obs_s, "final_info": final_info}, int(s))
+                info = self._add_info(info, {"final_obs": {k: v[row] for k, v in final_obs.items()}}, int(s))
+            finals = {int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"][int(s)]} for s in slots}
+            info["final_info"], info["_final_info"] = _batched_infos(finals, self.num_envs), ended.copy()
             self._start(slots)
-            for s in slots:
-                info = self._add_info(info, {"prompt": e.prompt_text[s]}, int(s))
+            info.update(_batched_infos({int(s): {"prompt": e.prompt_text[s]} for s in slots}, self.num_envs))
         else:
-            for s, final in out["final"].items():
-                info = self._add_info(info, final, s)
+            info.update(_batched_infos(out["final"], self.num_envs))
         self._autoreset = ended if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
         return (
             e.observation(slice(None)),
@@ -924,7 +1046,28 @@ class TextRLHFVectorEnv(VectorEnv):
         """``(num_envs, vocab_size)`` bool masks of the allowed tokens (see ``action_mask_top_p``)."""
         return self._engine.action_masks()
 
-    def render(self) -> tuple[str, ...] | None:
+    def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
+        """One rendering per slot, as :meth:`TextRLHFEnv.render` (``SyncVectorEnv`` also returns a tuple)."""
         if self.render_mode == "ansi":
             return tuple(self._engine.render(i) for i in range(self.num_envs))
+        if self.render_mode == "rgb_array":
+            return tuple(text_image(self._engine.render(i)) for i in range(self.num_envs))
         return None
+
+
+def _batched_infos(per_slot: dict[int, dict[str, Any]], num_envs: int) -> dict[str, np.ndarray]:
+    """Per-slot infos in Gymnasium's vector layout: one ``(N,)`` array per key and its ``_key`` mask.
+
+    Why not ``VectorEnv._add_info``: it turns a ``np.bool_`` into an object array; here every
+    numpy scalar keeps its dtype (what TorchRL's info readers take), text goes in object arrays.
+    """
+    out: dict[str, np.ndarray] = {}
+    for slot, info in per_slot.items():
+        for key, value in info.items():
+            if key not in out:
+                numeric = isinstance(value, (np.generic, bool, int, float)) and not isinstance(value, np.str_)
+                out[key] = np.zeros(num_envs, np.asarray(value).dtype) if numeric else np.full(num_envs, None, object)
+                out[f"_{key}"] = np.zeros(num_envs, dtype=bool)
+            out[key][slot] = value
+            out[f"_{key}"][slot] = True
+    return out

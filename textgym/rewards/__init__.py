@@ -18,8 +18,10 @@ from textgym.rewards.builtin import (
     WeightedSumReward,
 )
 from textgym.rewards.registry import ENTRY_POINT_GROUP, make_reward_model, register, registered_names
+from textgym.rewards.verifiers import ArithmeticVerifier  # registers "arithmetic"
 
 __all__ = [
+    "ArithmeticVerifier",
     "CallableRewardModel",
     "ENTRY_POINT_GROUP",
     "Episodes",

@@ -5,14 +5,21 @@ Routes, tried in this order:
 1. an object with a ``score`` method (used as is) or a plain callable ``f(prompts, responses)``;
 2. a registered name (``"default"``, ``"vader"`` and whatever ``register`` added);
 3. a name published by an installed package in the entry-point group ``textgym.reward_models``;
-4. a ``"package.module:attr"`` string (the attribute is a reward model, a factory or a callable);
+4. a ``"package.module:attr"`` string (the attribute is a reward model, a factory or a callable); the
+   module is looked up on ``sys.path`` and then in the working directory, as ``python -m`` would;
 5. a Hugging Face sequence-classification folder or hub id.
+
+A registered factory is called with the keyword arguments its signature names (all of them when it
+takes ``**kwargs``, none for ``lambda: MyRM()``); the env offers ``device`` (the ``torch.device`` π_ref
+runs on), so ``def factory(device="cpu")`` gets it.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -29,9 +36,24 @@ _REGISTRY: dict[str, Callable[..., RewardModel]] = {}
 
 
 def register(name: str, factory: Callable[..., RewardModel] | None = None):
-    """Register a reward-model factory under ``name`` (usable as a decorator)."""
+    """Register a reward-model factory under ``name`` (usable as a decorator).
+
+    Args:
+        name: what ``reward_model=`` (and ``--reward-model``) will accept.
+        factory: returns a reward model (an object with ``score(episodes)``) or a scoring function
+            ``f(prompts, responses)``. It is called with the keyword arguments its signature names
+            among those the caller offers (the env offers ``device``); ``lambda: KeywordReward("great")``
+            takes none, ``def make(device="cpu")`` gets the env's device, ``**kwargs`` gets them all.
+
+    Raises:
+        TypeError: ``name`` is not a non-empty str, or ``factory`` is not callable.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name={name!r} must be a non-empty str")
 
     def deco(f: Callable[..., RewardModel]) -> Callable[..., RewardModel]:
+        if not callable(f):
+            raise TypeError(f"factory={f!r} for {name!r} is not callable; give a function returning a reward model")
         _REGISTRY[name] = f
         return f
 
@@ -69,6 +91,45 @@ def _from_object(obj: Any, name: str) -> RewardModel:
     raise TypeError(f"reward_model={name!r} resolved to {type(obj).__name__}, which has no score() and is not callable")
 
 
+def _call_factory(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> RewardModel:
+    """The registered ``factory``'s reward model, called with the ``kwargs`` its signature takes."""
+    try:
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # a callable without a signature (some builtins): give it nothing
+        params = []
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        kwargs = {k: v for k, v in kwargs.items() if k in names}
+    return _from_object(factory(**kwargs), name)
+
+
+def _import_module(module_name: str, argument: str, text: str):
+    """Import ``module_name``, also from the working directory.
+
+    Why: a console script (``textgym``) puts its own folder on ``sys.path``, not the working directory
+    as ``python -m`` and ``python -c`` do, so ``--reward-model myrm:score`` beside ``myrm.py`` would fail.
+    """
+    try:
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as err:
+            if not _add_working_directory(module_name, err):
+                raise
+            return importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"{argument}={text!r}: module {module_name!r} cannot be imported ({err})") from err
+
+
+def _add_working_directory(module_name: str, err: ModuleNotFoundError) -> bool:
+    """Put the working directory first on ``sys.path`` if the missing module is there (kept, as ``python -m`` does)."""
+    top, cwd = module_name.partition(".")[0], os.getcwd()
+    here = (Path(cwd) / f"{top}.py").is_file() or (Path(cwd) / top).is_dir()
+    if err.name != top or not here or cwd in sys.path:
+        return False
+    sys.path.insert(0, cwd)
+    return True
+
+
 def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) -> RewardModel:
     """Resolve ``spec`` through the routes above; ``kwargs`` go to HF models and factories.
 
@@ -81,16 +142,13 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
         return _from_object(spec, getattr(spec, "name", None) or getattr(spec, "__name__", type(spec).__name__))
     text = os.fspath(spec)
     if text in _REGISTRY:
-        return _REGISTRY[text](**kwargs)
+        return _call_factory(text, _REGISTRY[text], kwargs)
     eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == text]
     if eps:
         return _from_object(eps[0].load(), text)
     if ":" in text and not Path(text).exists():
         module_name, _, attr = text.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise ValueError(f"{argument}={text!r}: module {module_name!r} cannot be imported ({err})") from err
+        module = _import_module(module_name, argument, text)
         if not hasattr(module, attr):
             raise ValueError(f"{argument}={text!r}: module {module_name!r} has no attribute {attr!r}")
         return _from_object(getattr(module, attr), text)

@@ -1,0 +1,125 @@
+"""PPO training controls: approx-KL early stop, learning-rate warmup and schedules, top-k/top-p sampling
+under the same distribution in the update, sample logging and periodic evaluation, config files and
+presets, and the CLI's thread count."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from textgym import cli
+from textgym.agents.ppo import PPOConfig, Trainer, train
+from textgym.agents.ppo.config import PRESET_DIR, PRESETS
+from textgym.cli import main
+from textgym.policies import LMSampler, truncate_logits
+
+
+def tiny(tmp_path, **changes) -> PPOConfig:
+    return PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), **changes})
+
+
+# ---------------------------------------------------------------- the update
+def test_early_stop_kl_ends_the_epochs_of_an_iteration(tmp_path):
+    """CleanRL's target_kl: once an epoch's mean approx_kl passes the threshold, the iteration's update ends."""
+    rows = {}
+    for stop in (None, 1e-9):
+        trainer = Trainer.create(tiny(tmp_path, ppo_epochs=3, learning_rate=1e-3, early_stop_kl=stop))
+        rows[stop] = trainer.iteration()
+    assert rows[None]["ppo_epochs_run"] == 3
+    assert rows[1e-9]["ppo_epochs_run"] == 1 and rows[1e-9]["approx_kl"] > 1e-9
+
+
+def test_learning_rate_warmup_then_linear_decay(tmp_path):
+    """transformers' linear schedule stepped per iteration: 0, ½, 1 over 2 warmup iterations, then down to 0."""
+    cfg = tiny(tmp_path, total_episodes=32, lr_schedule="linear", warmup_iterations=2, learning_rate=1e-3,
+               critic_learning_rate=2e-3)  # fmt: skip
+    trainer = Trainer.create(cfg)
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    rates = []
+    for _ in range(cfg.num_iterations):
+        rates.append(trainer.iteration()["learning_rate"])
+        if len(rates) == 1:  # rate 0: the first warmup iteration leaves the policy as it was
+            assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+    np.testing.assert_allclose(rates, [0.0, 5e-4, 1e-3, 5e-4])
+    assert trainer.optimizer.param_groups[1]["lr"] == pytest.approx(1e-3)  # the critic's 2e-3 · ½
+    with pytest.raises(ValueError, match="lr_schedule='exp' is not one of"):
+        tiny(tmp_path, lr_schedule="exp")
+
+
+def test_truncate_logits_by_hand():
+    logits = torch.tensor([2.0, 1.0, 0.0, -1.0])  # softmax: 0.644, 0.237, 0.087, 0.032
+    low = torch.finfo(torch.float32).min
+    assert truncate_logits(logits, top_k=2).tolist() == [2.0, 1.0, low, low]
+    assert truncate_logits(logits, top_p=0.7).tolist() == [2.0, 1.0, low, low]  # 0.644 < 0.7 <= 0.881
+    assert truncate_logits(logits, top_p=0.5).tolist() == [2.0, low, low, low]  # the top token is always kept
+    assert truncate_logits(logits, top_k=3, top_p=0.99).tolist() == [2.0, 1.0, 0.0, low]
+    assert truncate_logits(logits) is logits
+
+
+def test_top_k_top_p_sampling_and_the_update_agree(tmp_path):
+    """The sampler draws from the truncated distribution and the update's teacher-forced log-probs use it too."""
+    trainer = Trainer.create(tiny(tmp_path, top_k=8, top_p=0.9))
+    row = trainer.iteration()
+    assert row["logprob_mismatch"] < 1e-4  # the first ratio is 1
+    episodes = trainer.last_episodes
+    sampled = episodes["sample_log_prob"][episodes["mask"]]
+    assert (sampled > -30).all()  # drawn from kept tokens only
+    envs, model = trainer.envs, trainer.envs.unwrapped.model
+    obs, _ = envs.reset(seed=0)
+    greedy = LMSampler.for_env(model, envs).logits(obs).argmax(-1)
+    actions, logp = LMSampler.for_env(model, envs, top_k=1, seed=0).act(obs)
+    assert torch.equal(actions, greedy) and (logp == 0).all()  # top-1: the most likely token, with certainty
+    with pytest.raises(ValueError, match="top_p=1.5 must be a float in"):
+        tiny(tmp_path, top_p=1.5)
+
+
+# ---------------------------------------------------------------- logging, evaluation, config files
+def test_samples_and_periodic_evaluation_are_logged(tmp_path, capsys):
+    cfg = tiny(tmp_path, samples_every=1, num_samples=2, eval_every=2, eval_episodes=4)
+    history = train(cfg)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [s["iteration"] for s in samples] == [1, 1, 2, 2]
+    assert all(isinstance(s["response"], str) and np.isfinite(s["score"]) for s in samples)
+    assert "eval_score" not in history[0] and {"eval_score", "eval_gold_score", "eval_kl"} <= set(history[1])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    assert "samples/text_summary" in events.Tags()["tensors"] and "eval/score" in events.Tags()["scalars"]
+    # the run's config.json is a config file: passed back, it gives the same run (here in another folder)
+    main(["train", "--config-file", str(tmp_path / "run" / "config.json"), "--out", "elsewhere", "--print-config"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {**cfg.to_dict(), "out": "elsewhere"}
+
+
+def test_presets_are_files_and_flags_apply_over_a_config_file(tmp_path, capsys):
+    assert json.loads((PRESET_DIR / "demo.json").read_text()) == PRESETS["demo"]
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({**PRESETS["demo"], "learning_rate": 5e-5}))
+    main(["train", "--config", "tiny", "--config-file", str(mine), "--seed", "3", "--print-config"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["learning_rate"] == 5e-5 and printed["total_episodes"] == 3072 and printed["seed"] == 3
+    assert printed["ppo_epochs"] == 1  # from the tiny preset, which the file does not set
+    mine.write_text(json.dumps({"learning_rat": 1e-4}))
+    with pytest.raises(SystemExit):
+        main(["train", "--config-file", str(mine), "--print-config"])
+    assert "unknown fields ['learning_rat']" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- threads
+def test_threads_flag_and_the_free_core_count(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(cli, "cmd_info", lambda args: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    main(["info", "--threads", "1"])
+    assert seen == [1] and torch.get_num_threads() == before  # set for the command, restored after
+    # one of two cores busy with another process: one thread
+    times = iter([{"0": (0, 100), "1": (0, 100)}, {"0": (90, 200), "1": (5, 200)}])
+    monkeypatch.setattr(cli, "_cpu_times", lambda: next(times))
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cli.free_cores(2) == 1
+    times = iter([{"0": (0, 100), "1": (0, 100)}, {"0": (90, 200), "1": (5, 200)}])
+    main(["info"])
+    assert seen[-1] == 1 and "1 of 2 cores are busy" in capsys.readouterr().err

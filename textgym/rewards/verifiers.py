@@ -1,0 +1,62 @@
+"""Verifiable rewards: the answer is checked, not learned (RLVR). A verifier is just a reward model.
+
+``ArithmeticVerifier`` scores the embedded arithmetic task (``TextArithmetic-v0``): prompts
+``"a+b="``, reward 1 for the exact sum (+ EOS), 0 otherwise. Any other checker plugs in the same
+way, e.g. a scorer from ``reasoning-gym``::
+
+    from reasoning_gym import create_dataset
+    data = create_dataset("basic_arithmetic", size=500, seed=0)
+    entry = {row["question"]: row for row in data}
+    verifier = lambda prompts, responses: [data.score_answer(r.strip(), entry[p]) for p, r in zip(prompts, responses)]
+    env = gym.make("TextRLHF-v0", prompts=list(entry), reward_model=verifier, normalize_reward=False)
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from textgym.rewards.base import Episodes
+from textgym.rewards.registry import register
+
+__all__ = ["ArithmeticVerifier"]
+
+_PROBLEM = re.compile(r"^\s*(-?\d+)\s*\+\s*(-?\d+)\s*=\s*$")
+
+
+class ArithmeticVerifier:
+    """1.0 when the response is exactly the sum asked by the prompt ``"a+b="``, else 0.0.
+
+    Args:
+        format_reward: added when the response is a bare integer, right or wrong (a small
+            shaping term; default 0).
+
+    Raises:
+        ValueError: at scoring, a prompt that is not of the form ``"a+b="`` (it names the prompt).
+    """
+
+    name = "arithmetic"
+    shares_tokenizer = False
+
+    def __init__(self, format_reward: float = 0.0):
+        if not isinstance(format_reward, (int, float)) or not np.isfinite(format_reward):
+            raise ValueError(f"format_reward={format_reward!r} must be a finite float")
+        self.format_reward = float(format_reward)
+
+    def expected(self, prompt: str) -> str:
+        match = _PROBLEM.match(prompt)
+        if match is None:
+            raise ValueError(f"prompt={prompt[:80]!r} is not an arithmetic problem of the form 'a+b='")
+        return str(int(match.group(1)) + int(match.group(2)))
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        out = []
+        for prompt, response in zip(episodes.prompts, episodes.responses):
+            text = response.strip()
+            shaped = self.format_reward if re.fullmatch(r"-?\d+", text) else 0.0
+            out.append(float(text == self.expected(prompt)) + shaped)
+        return np.array(out, dtype=np.float64)
+
+
+register("arithmetic", lambda **kwargs: ArithmeticVerifier())
