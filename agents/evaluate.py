@@ -28,19 +28,20 @@ __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings"]
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id")
+SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 
 def run_settings(policy: str | None) -> dict[str, Any]:
     """The settings a saved policy was trained with (``RUN_INFO`` beside it), or {} for π_ref or an HF folder.
 
     ``kl_coef`` is the β of its last rollout, so score − β·KL is the objective it was updated on;
-    ``temperature`` is the one it sampled at; the rest are env arguments.
+    ``temperature``, ``top_k`` and ``top_p`` are how it sampled; the rest are env arguments.
     """
     path = Path(policy) / RUN_INFO if policy is not None else None
     if path is None or not path.is_file():
         return {}
     run = json.loads(path.read_text())
-    return {k: run[k] for k in (*ENV_SETTINGS, "temperature") if k in run}
+    return {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
 
 
 def distinct_n(responses: list[list[int]], n: int) -> float:
@@ -49,7 +50,7 @@ def distinct_n(responses: list[list[int]], n: int) -> float:
     return len(set(grams)) / max(1, len(grams))
 
 
-def _policy(envs, policy, policy_factory, seed: int, temperature: float, device: str):
+def _policy(envs, policy, policy_factory, seed: int, temperature: float, device: str, **sampling):
     if policy_factory is not None:
         return policy_factory(envs)
     base = envs.unwrapped
@@ -57,7 +58,7 @@ def _policy(envs, policy, policy_factory, seed: int, temperature: float, device:
     if policy is not None:
         _check_vocabulary(policy, policy_model, base)
     generator = torch.Generator(device=policy_model.device).manual_seed(seed)
-    return LMSampler.for_env(policy_model, envs, temperature=temperature, generator=generator)
+    return LMSampler.for_env(policy_model, envs, temperature=temperature, generator=generator, **sampling)
 
 
 def _check_vocabulary(policy: str, model, env) -> None:
@@ -135,6 +136,7 @@ def evaluate(
     """
     run = run_settings(policy)
     temperature = temperature if temperature is not None else run.pop("temperature", 1.0)
+    sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with
     env_id = env_kwargs.pop("env_id", None) or run.pop("env_id", "TextRLHF-v0")
     env_kwargs = {"prompts": str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS)),
                   **{k: v for k, v in run.items() if k != "temperature"}, **env_kwargs}  # fmt: skip
@@ -142,7 +144,7 @@ def evaluate(
     envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                         autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip
     base = envs.unwrapped
-    sampler = _policy(envs, policy, policy_factory, seed, temperature, device)
+    sampler = _policy(envs, policy, policy_factory, seed, temperature, device, **sampling)
     prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))
     start = time.perf_counter()
     rows: list[dict] = []

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from textgym import cli
+from textgym.agents.evaluate import evaluate, run_settings
 from textgym.agents.ppo import PPOConfig, Trainer, train
 from textgym.agents.ppo.config import PRESET_DIR, PRESETS
 from textgym.cli import main
@@ -72,6 +73,10 @@ def test_top_k_top_p_sampling_and_the_update_agree(tmp_path):
     assert torch.equal(actions, greedy) and (logp == 0).all()  # top-1: the most likely token, with certainty
     with pytest.raises(ValueError, match="top_p=1.5 must be a float in"):
         tiny(tmp_path, top_p=1.5)
+    # the saved policy is evaluated sampling as it was trained
+    trainer.save(tmp_path / "run")
+    assert {"top_k": 8, "top_p": 0.9}.items() <= run_settings(str(tmp_path / "run" / "policy")).items()
+    assert np.isfinite(evaluate(str(tmp_path / "run" / "policy"), episodes=2, num_envs=2)["kl"][0])
 
 
 # ---------------------------------------------------------------- logging, evaluation, config files
