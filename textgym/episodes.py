@@ -87,6 +87,7 @@ def collect_episodes(
     base = envs.unwrapped
     n, T = envs.num_envs, base.max_new_tokens
     running = _start_mask(n, num_episodes)
+    b = int(running.sum())
     options: dict[str, Any] = {"reset_mask": running}
     if prompts is not None:
         options["prompt"] = list(prompts)
@@ -106,7 +107,7 @@ def collect_episodes(
         running &= ~ended
     if timing is not None:
         timing.update(seconds=time.perf_counter() - start, policy_seconds=policy_seconds)
-    return buf.tensordict(int(_start_mask(n, num_episodes).sum()))
+    return buf.tensordict(b)
 
 
 class _Buffers:
