@@ -13,13 +13,14 @@ __all__ = ["calibrate", "sample_episodes"]
 
 
 @torch.no_grad()
-def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, **env_kwargs) -> list[dict]:
+def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_id: str = "TextRLHF-v0",
+                    **env_kwargs) -> list[dict]:  # fmt: skip
     """Finished episodes of π_ref sampled at temperature 1 (the env's model) on the env's prompts.
 
-    ``env_kwargs`` go to ``gym.make_vec("TextRLHF-v0", ...)``; the reward is left raw.
+    ``env_kwargs`` go to ``gym.make_vec(env_id, ...)``; the reward is left raw.
     Each row has ``prompt``, ``response``, ``rm_score`` and ``gold_score``.
     """
-    envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                         autoreset_mode="disabled", **{**env_kwargs, "normalize_reward": False})  # fmt: skip
     policy = LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
     rows: list[dict] = []
