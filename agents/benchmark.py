@@ -1,5 +1,14 @@
-"""Compare RL algorithms on TextRLHF-v0 on equal terms: the same KL-regularised objective, the same env,
-the same budget of env steps (tokens), the same evaluator.
+"""Compare RL algorithms on a task on equal terms: the same KL-regularised objective, the same env,
+the same budget of env steps (tokens), the same evaluator, and the same frontier measure.
+
+Tasks (``TASKS``): ``sentiment`` (TextRLHF-v0: learned RM as the proxy, VADER as gold) and
+``arithmetic`` (TextArithmetic-v0: the exact-answer verifier is reward and gold).
+
+Beside the final eval scores, each run is summarised by its reward–KL frontier (Gao et al.
+2022; :mod:`textgym.agents.frontier`): the training episodes' proxy and gold reward against
+d = √KL(π‖π_ref), fitted by R(d) = d(α − β log d), and the area under the gold frontier up to a
+fixed KL (``frontier_kl``) — which asks how much gold an algorithm buys per unit of divergence,
+not only where it stopped.
 
 Every built-in optimises E[score] − β·KL(π‖π_ref) with the same fixed β, by the same route: the
 env pays β·log π_ref(a_t|s_t) per token and each agent adds −β·log π(a_t|s_t) of its own sample
@@ -13,15 +22,16 @@ that fit at the length cap, SB3 learns whole rollouts of ``n_steps × n_envs`` t
 
 An algorithm is a small registered adapter: ``train(ctx) -> policy factory``. It trains within
 ``ctx.budget`` env steps (``ctx.episodes_that_fit(steps)``), reports its learning curve with
-``ctx.log(env_steps, score)``, may add env arguments it trains with to ``ctx.env_kwargs`` (the
-evaluation uses the same ones), and returns ``factory(envs)`` building a policy with
+``ctx.log(env_steps, score, gold, kl)`` (its training episodes' means; gold and KL feed the
+frontier), may add env arguments it trains with to ``ctx.env_kwargs`` (the evaluation uses the
+same ones), and returns ``factory(envs)`` building a policy with
 ``act(obs) -> (actions, log-probs)`` and ``reset()`` for the eval env. Add your own::
 
     from textgym.agents.benchmark import register_algorithm
 
     @register_algorithm("my_algo")
     def my_algo(ctx):
-        ...                        # train with gym.make("TextRLHF-v0", **ctx.env_kwargs)
+        ...                        # train with gym.make(ctx.env_id, **ctx.env_kwargs)
         return lambda envs: MyPolicy(envs)
 
 Built-ins: ``torchrl_ppo`` (ours), ``grpo`` and ``rloo`` (ours, critic-free, groups of 4 episodes per
@@ -50,6 +60,7 @@ from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
 
 from .evaluate import evaluate
+from .frontier import gao_curve, gao_fit, run_frontier
 
 __all__ = ["ALGORITHMS", "BenchConfig", "RunContext", "confidence_interval", "register_algorithm", "run_benchmark"]
 
@@ -66,6 +77,34 @@ def register_algorithm(name: str):
     return deco
 
 
+@dataclass(frozen=True)
+class Task:
+    """A task the benchmark runs on: a registered env and the settings every algorithm shares there.
+
+    ``normalize``: standardise the RM score under π_ref at these settings (a learned RM's scale is
+    arbitrary); a verifier's 0/1 is left as it is. ``frontier_kl``: the KL budget (nats per
+    sequence) the frontier's area is taken up to, about what the trained algorithms reach.
+    """
+
+    env_id: str
+    max_new_tokens: int
+    max_prompt_tokens: int
+    kl_coef: float
+    normalize: bool
+    frontier_kl: float
+    budget: int
+    agent_lr: float = 3e-4  # our TorchRL agents' policy step size (torchrl_ppo, grpo, rloo)
+    agent_epochs: int = 4
+
+
+TASKS = {
+    "sentiment": Task("TextRLHF-v0", max_new_tokens=16, max_prompt_tokens=16, kl_coef=DEFAULT_KL_COEF,
+                      normalize=True, frontier_kl=8.0, budget=8192),
+    "arithmetic": Task("TextArithmetic-v0", max_new_tokens=4, max_prompt_tokens=8, kl_coef=0.05,
+                       normalize=False, frontier_kl=0.5, budget=65536, agent_lr=1e-4, agent_epochs=2),
+}  # fmt: skip
+
+
 @dataclass
 class RunContext:
     """What an adapter gets: the env configuration, its budget and seed, and a curve logger."""
@@ -75,13 +114,20 @@ class RunContext:
     seed: int
     num_envs: int
     out: Path
-    curve: list[tuple[int, float]] = field(default_factory=list)
+    task: Task = TASKS["sentiment"]
+    curve: list[dict[str, float]] = field(default_factory=list)
     env_steps: int = 0
 
-    def log(self, env_steps: int, score: float) -> None:
-        """Record the training episodes' mean RM score (normalised, as the env pays it) after ``env_steps``."""
+    @property
+    def env_id(self) -> str:
+        """The registered env of the task (train with ``gym.make(ctx.env_id, **ctx.env_kwargs)``)."""
+        return self.task.env_id
+
+    def log(self, env_steps: int, score: float, gold: float = math.nan, kl: float = math.nan) -> None:
+        """Record training episodes' means after ``env_steps``: the RM score (as the env pays it), the
+        gold score and KL(π‖π_ref) per sequence of the policy that sampled them (for the frontier)."""
         self.env_steps = int(env_steps)
-        self.curve.append((int(env_steps), float(score)))
+        self.curve.append({"env_steps": int(env_steps), "score": float(score), "gold": float(gold), "kl": float(kl)})
 
     def episodes_that_fit(self, env_steps: int) -> int:
         """Episodes (at most ``num_envs``) that fit in the budget left even if all reach the length cap."""
@@ -126,7 +172,7 @@ def _train_in_batches(ctx: RunContext, learner, multiple: int = 1) -> None:
     """Step ``learner.iteration(k)`` while episodes (k a multiple of ``multiple``) fit in the budget."""
     while (k := ctx.episodes_that_fit(ctx.env_steps) // multiple * multiple) > 0:
         row = learner.iteration(k)
-        ctx.log(row["env_steps"], row["score"])  # cumulative tokens of its training episodes
+        ctx.log(row["env_steps"], row["score"], row["gold_score"], row["kl"])  # cumulative tokens
     learner.envs.close()
 
 
@@ -139,9 +185,10 @@ def _agent(ctx: RunContext, algo: str):
 
     kw = ctx.env_kwargs
     cfg = PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
-                    algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"], kl_coef=kw["kl_coef"],
-                    target_kl=None, num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=3e-4,
-                    critic_learning_rate=1e-3, progress=False)  # fmt: skip
+                    env_id=ctx.env_id, algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"],
+                    kl_coef=kw["kl_coef"], target_kl=None, num_minibatches=2 if ctx.num_envs % 2 == 0 else 1,
+                    learning_rate=ctx.task.agent_lr, ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3,
+                    progress=False)  # fmt: skip
     trainer = Trainer.create(cfg, env_overrides=kw)  # the very env every algorithm trains in
     _train_in_batches(ctx, trainer, GROUP_SIZE if algo != "ppo" else 1)
     return _sampler_factory(trainer.policy, ctx.seed)
@@ -155,7 +202,7 @@ for _algo, _name in (("ppo", "torchrl_ppo"), ("grpo", "grpo"), ("rloo", "rloo"))
 def reinforce(ctx: RunContext):
     from .reinforce import Reinforce
 
-    learner = Reinforce.create(ctx.env_kwargs, ctx.num_envs, ctx.seed)
+    learner = Reinforce.create(ctx.env_kwargs, ctx.num_envs, ctx.seed, env_id=ctx.env_id)
     _train_in_batches(ctx, learner)
     return _sampler_factory(learner.policy, ctx.seed)
 
@@ -181,10 +228,41 @@ class _SB3Sampler:
         return actions, dist.log_prob(actions)
 
 
+def _sb3_curve_callback():
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class SB3Curve(BaseCallback):
+        """Logs each rollout's finished episodes: score, gold and Σ_t log π(a_t) − log π_ref(a_t) (k1 KL)."""
+
+        def __init__(self, ctx: RunContext):
+            super().__init__()
+            self.ctx, self.finished = ctx, []
+
+        def _on_training_start(self) -> None:
+            self.kl = np.zeros(self.training_env.num_envs)
+
+        def _on_step(self) -> bool:
+            logp = self.locals["log_probs"].detach().cpu().numpy()  # of the sampled actions (masked if masked)
+            for i, info in enumerate(self.locals["infos"]):
+                self.kl[i] += logp[i] - info["ref_logprob"]
+                if "score_reward" in info:
+                    self.finished.append((info["score_reward"], info["gold_score"], self.kl[i]))
+                    self.kl[i] = 0.0
+            return True
+
+        def _on_rollout_end(self) -> None:
+            if self.finished:
+                score, gold, kl = np.mean(self.finished, axis=0)
+                self.ctx.log(self.num_timesteps, score, gold, kl)
+                self.finished = []
+
+    return SB3Curve
+
+
 def _sb3(ctx: RunContext, algo: str):
     from sb3_contrib import MaskablePPO
     from stable_baselines3 import A2C, PPO
-    from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+    from stable_baselines3.common.callbacks import CallbackList
     from stable_baselines3.common.env_util import make_vec_env
 
     from .sb3 import KLPenaltyCallback, MaskableLMPolicy
@@ -195,9 +273,10 @@ def _sb3(ctx: RunContext, algo: str):
         ctx.env_kwargs["action_mask_top_p"] = 0.9  # trained and evaluated with the same masks
     env_kwargs = dict(ctx.env_kwargs)
     n_envs = min(ctx.num_envs, 8)  # SB3 steps sub-envs one by one and re-encodes every observation
-    vec = make_vec_env(lambda: gym.make("TextRLHF-v0", **env_kwargs), n_envs=n_envs, seed=ctx.seed)
+    vec = make_vec_env(lambda: gym.make(ctx.env_id, **env_kwargs), n_envs=n_envs, seed=ctx.seed)
+    model_path = env_kwargs.get("model", gym.spec(ctx.env_id).kwargs.get("model"))  # the task's π_ref
     common = {"ent_coef": 0.0, "seed": ctx.seed, "gamma": 1.0, "device": "cpu", "verbose": 0,
-              "policy_kwargs": {"model_path": env_kwargs.get("model")}}  # fmt: skip
+              "policy_kwargs": {"model_path": model_path}}  # fmt: skip
     n_steps = max(2, min(32, ctx.budget // n_envs))
     if algo == "sb3_a2c":
         n_steps = min(n_steps, 8)
@@ -207,16 +286,9 @@ def _sb3(ctx: RunContext, algo: str):
         model = cls(pol, vec, n_steps=n_steps, batch_size=min(64, n_steps * n_envs), n_epochs=2,
                     learning_rate=3e-5, **common)  # fmt: skip
 
-    class Curve(BaseCallback):
-        def _on_step(self) -> bool:
-            scores = [i["score_reward"] for i in self.locals["infos"] if "score_reward" in i]
-            if scores:
-                ctx.log(self.num_timesteps, float(np.mean(scores)))
-            return True
-
     rollout = n_steps * n_envs  # SB3 learns whole rollouts: take the ones that fit in the budget
-    model.learn(total_timesteps=(ctx.budget // rollout) * rollout, callback=CallbackList([KLPenaltyCallback(),
-                                                                                         Curve()]))  # fmt: skip
+    callbacks = CallbackList([KLPenaltyCallback(), _sb3_curve_callback()(ctx)])
+    model.learn(total_timesteps=(ctx.budget // rollout) * rollout, callback=callbacks)
     ctx.env_steps = model.num_timesteps
     vec.close()
     return lambda envs: _SB3Sampler(model, masked, envs)
@@ -229,36 +301,51 @@ for _name in ("sb3_ppo", "sb3_a2c", "maskable_ppo"):
 # ---------------------------------------------------------------- the harness
 @dataclass
 class BenchConfig:
-    """One benchmark: algorithms × seeds at a fixed budget of env steps.
+    """One benchmark: algorithms × seeds at a fixed budget of env steps, on one task.
 
     Attributes:
+        task: a name in ``TASKS`` (``sentiment``: TextRLHF-v0, learned RM, VADER gold;
+            ``arithmetic``: TextArithmetic-v0, the exact-answer verifier as reward and gold).
         algos: registered algorithm names.
         seeds: seeds per algorithm.
-        budget: env steps (tokens) each trained algorithm may take.
+        budget: env steps (tokens) each trained algorithm may take (default: the task's).
         num_envs: parallel episodes for the algorithms that batch them.
-        max_new_tokens, max_prompt_tokens, kl_coef: the env configuration shared by all (a fixed
-            prompt block, so train and eval prompts give the same observation shape).
+        max_new_tokens, max_prompt_tokens, kl_coef, frontier_kl: the env configuration shared by
+            all (a fixed prompt block, so train and eval prompts give the same observation shape)
+            and the frontier's KL budget; None takes the task's.
         eval_episodes: episodes of the common evaluation.
+        calibration_episodes: π_ref episodes that measure its score and gold (the frontier's origin)
+            and standardise a learned RM.
         out: output folder.
     """
 
+    task: str = "sentiment"
     algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    budget: int = 8192  # sized for about 30 min on 2 CPU cores with 3 seeds (SB3 runs ~50 env steps/s there)
+    budget: int | None = None  # sentiment's 8192 is sized for ~25 min on 2 CPU cores with 3 seeds
     num_envs: int = 32
-    max_new_tokens: int = 16
-    max_prompt_tokens: int = 16
-    kl_coef: float = DEFAULT_KL_COEF
+    max_new_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    kl_coef: float | None = None
+    frontier_kl: float | None = None
     eval_episodes: int = 128
     calibration_episodes: int = 512
     out: str = "runs/bench"
 
     def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is not a benchmark task; tasks: {sorted(TASKS)}")
+        task = TASKS[self.task]
+        for name in ("budget", "max_new_tokens", "max_prompt_tokens", "kl_coef", "frontier_kl"):
+            if getattr(self, name) is None:
+                setattr(self, name, getattr(task, name))
         unknown = [a for a in self.algos if a not in ALGORITHMS]
         if unknown:
             raise ValueError(f"algos={unknown} are not registered; registered: {sorted(ALGORITHMS)}")
         if min(self.budget, self.num_envs, self.eval_episodes, self.calibration_episodes) < 1 or not self.seeds:
             raise ValueError("budget, num_envs, eval_episodes and calibration_episodes must be >= 1, seeds non-empty")
+        if not self.frontier_kl > 0:
+            raise ValueError(f"frontier_kl={self.frontier_kl} must be > 0 (nats per sequence)")
 
 
 PRESETS = {
@@ -268,48 +355,59 @@ PRESETS = {
 }  # fmt: skip
 
 
-def _env_kwargs(cfg: BenchConfig) -> dict[str, Any]:
-    """The env every algorithm trains and is evaluated on, the RM standardised under π_ref at *these* settings.
+def _reference(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, float]]:
+    """The env every algorithm trains and is evaluated on, and π_ref's mean score and gold in it.
 
-    The stored mean/std of the embedded RM were measured at another length cap; calibrating here
-    makes π_ref's score 0 and keeps the score's scale the one the objective was meant to have.
+    A learned RM is standardised under π_ref at *these* settings: its stored mean/std were measured
+    at another length cap; calibrating here makes π_ref's score 0 and keeps the score's scale the
+    one the objective was meant to have. π_ref's means are the frontier's origin (d = 0).
     """
-    from textgym.rewards.calibrate import calibrate
+    from textgym.rewards.calibrate import sample_episodes
 
+    task = TASKS[cfg.task]
     kwargs = {"max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
               "kl_coef": cfg.kl_coef}  # fmt: skip
-    mean, std = calibrate(episodes=cfg.calibration_episodes, num_envs=min(64, cfg.calibration_episodes), seed=0,
-                          **kwargs)  # fmt: skip
-    return {**kwargs, "normalize_reward": (mean, std)}
+    rows = sample_episodes(episodes=cfg.calibration_episodes, num_envs=min(64, cfg.calibration_episodes), seed=0,
+                           env_id=task.env_id, **kwargs)  # fmt: skip
+    rm = np.array([r["rm_score"] for r in rows])
+    gold = float(np.nanmean([r["gold_score"] for r in rows]))
+    if task.normalize:
+        return {**kwargs, "normalize_reward": (float(rm.mean()), float(rm.std()))}, {"score": 0.0, "gold": gold}
+    return {**kwargs, "normalize_reward": False}, {"score": float(rm.mean()), "gold": gold}
 
 
 def run_benchmark(cfg: BenchConfig) -> list[dict]:
     """Train and evaluate every (algorithm, seed); write results.csv/.md, curves and frontier plots."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    env_kwargs = _env_kwargs(cfg)
+    env_id = TASKS[cfg.task].env_id
+    env_kwargs, baseline = _reference(cfg)
+    d_max = math.sqrt(cfg.frontier_kl)
     rows, curves = [], {}
     for algo in cfg.algos:
         for seed in cfg.seeds:
-            ctx = RunContext(dict(env_kwargs), cfg.budget, seed, cfg.num_envs, out / f"{algo}_{seed}")
+            ctx = RunContext(dict(env_kwargs), cfg.budget, seed, cfg.num_envs, out / f"{algo}_{seed}", TASKS[cfg.task])
             start = time.perf_counter()
             factory = ALGORITHMS[algo](ctx)
             train_s = time.perf_counter() - start
             # evaluated in the env configuration it trained in (ctx.env_kwargs: masks included)
-            result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes,
+            result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=env_id,
                               num_envs=min(cfg.num_envs, cfg.eval_episodes), seed=1234, **ctx.env_kwargs)  # fmt: skip
+            frontier = run_frontier(ctx.curve, baseline, d_max)
             row = {"algo": algo, "seed": seed, "env_steps": ctx.env_steps, "train_s": round(train_s, 2),
                    "env_steps_per_s": round(ctx.env_steps / train_s, 1) if ctx.env_steps else 0.0,
                    **{k: round(v[0], 4) for k, v in result.items() if isinstance(v, tuple)},
-                   "distinct_1": round(result["distinct_1"], 4),
-                   "distinct_2": round(result["distinct_2"], 4)}  # fmt: skip
+                   "distinct_1": round(result["distinct_1"], 4), "distinct_2": round(result["distinct_2"], 4),
+                   **{k: round(v, 4) for k, v in frontier.items()}}  # fmt: skip
             rows.append(row)
             curves[(algo, seed)] = ctx.curve
             print(json.dumps(row), flush=True)
-    _write_tables(rows, out)
-    _plot(rows, curves, out)
+    _write_tables(rows, out, cfg)
+    _plot_curves(curves, out)
+    _plot_frontier(curves, baseline, d_max, out, cfg.task)
     (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
-    (out / "env.json").write_text(json.dumps(env_kwargs) + "\n")
+    setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl}
+    (out / "env.json").write_text(json.dumps(setup) + "\n")
     return rows
 
 
@@ -331,59 +429,92 @@ def confidence_interval(values) -> tuple[float, float]:
     return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(v.size))
 
 
-def _write_tables(rows: list[dict], out: Path) -> None:
+def _write_tables(rows: list[dict], out: Path, cfg: BenchConfig) -> None:
     with (out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    keys = ["score", "gold_score", "kl", "objective", "distinct_2", "response_length", "env_steps", "train_s",
-            "env_steps_per_s"]  # fmt: skip
+    keys = ["score", "gold_score", "kl", "objective", "gold_auc", "proxy_auc", "distinct_2", "response_length",
+            "env_steps", "train_s"]  # fmt: skip
     lines = ["| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo in dict.fromkeys(r["algo"] for r in rows):
-        group = [r for r in rows if r["algo"] == algo]
-        cells = []
-        for k in keys:
-            mean, half = confidence_interval([r[k] for r in group])
-            cells.append(f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}")
-        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+        lines.append(f"| {algo} | " + " | ".join(_cell([r[k] for r in rows if r["algo"] == algo]) for k in keys) + " |")
     n_seeds = len({r["seed"] for r in rows})
-    lines.append(f"\nmean ± half-width of the 95 % confidence interval (Student t) over {n_seeds} seeds")
+    lines.append(f"\n{cfg.task} ({TASKS[cfg.task].env_id}), budget {cfg.budget} env steps, β {cfg.kl_coef}: "
+                 f"mean ± half-width of the 95 % confidence interval (Student t) over {n_seeds} seeds; "
+                 f"score, gold, KL and objective on {cfg.eval_episodes} eval episodes; gold_auc/proxy_auc: "
+                 f"mean gain over π_ref under the fitted frontier up to KL {cfg.frontier_kl:g} nats "
+                 f"(agents/frontier.py)")  # fmt: skip
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
-def _plot(rows: list[dict], curves: dict, out: Path) -> None:
+def _cell(values: list[float]) -> str:
+    """``mean ± half-width`` over the finite values; ``–`` when there are none (e.g. no frontier)."""
+    finite = [v for v in values if math.isfinite(v)]
+    if not finite:
+        return "–"
+    mean, half = confidence_interval(finite)
+    return f"{mean:.3f}" if math.isnan(half) else f"{mean:.3f} ± {half:.3f}"
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _plot_curves(curves: dict, out: Path) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for algo in dict.fromkeys(a for a, _ in curves):
         runs = [c for (a, _), c in curves.items() if a == algo and c]
         if not runs:
             continue
-        grid = np.linspace(0, max(c[-1][0] for c in runs), 30)
-        ys = np.array([np.interp(grid, [s for s, _ in c], [v for _, v in c]) for c in runs])
+        grid = np.linspace(0, max(c[-1]["env_steps"] for c in runs), 30)
+        ys = np.array([np.interp(grid, [p["env_steps"] for p in c], [p["score"] for p in c]) for c in runs])
         ax.plot(grid, ys.mean(0), label=algo)
         ax.fill_between(grid, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2)
     ax.set_xlabel("env steps (tokens)")
-    ax.set_ylabel("RM score (normalised) of training episodes")
+    ax.set_ylabel("RM score (as the env pays it) of training episodes")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "rm_vs_steps.png", dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, title in ((axes[0], "score", "RM score (normalised)"), (axes[1], "gold_score", "gold score")):
-        for algo in dict.fromkeys(r["algo"] for r in rows):
-            group = [r for r in rows if r["algo"] == algo]
-            ax.scatter([r["kl"] for r in group], [r[key] for r in group], label=algo)
-        ax.set_xlabel("KL(π ‖ π_ref) per sequence (nats)")
+
+def _frontier_points(curves: dict, algo: str, baseline: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """All seeds' training points of ``algo``: d = √KL and the ``key`` reward gained over π_ref."""
+    pts = [p for (a, _), c in curves.items() if a == algo for p in c
+           if all(math.isfinite(p[k]) for k in ("kl", "score", "gold"))]  # fmt: skip
+    d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
+    return d, np.array([p[key] for p in pts]) - baseline[key]
+
+
+def _plot_frontier(curves: dict, baseline: dict, d_max: float, out: Path, task: str) -> None:
+    """Proxy and gold gain against √KL: every training point, the Gao fit over all seeds, π_ref at 0."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold", "gold − π_ref's")):
+        for i, algo in enumerate(dict.fromkeys(a for a, _ in curves)):
+            d, r = _frontier_points(curves, algo, baseline, key)
+            if np.count_nonzero(d > 0) < 2:
+                continue
+            color = colors[i % len(colors)]
+            ax.scatter(d, r, s=6, alpha=0.35, color=color)
+            grid = np.linspace(0, d.max(), 100)
+            ax.plot(grid, gao_curve(grid, *gao_fit(d, r)), color=color, label=algo)
+        ax.scatter([0], [0], marker="*", s=120, color="black", label="π_ref", zorder=5)
+        ax.axvline(d_max, color="gray", linestyle=":", linewidth=1)
+        ax.set_xlabel("d = √KL(π ‖ π_ref) (√nats per sequence), training episodes")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle("reward–KL frontier (eval prompts)")
+    fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022); dotted: AUC limit")
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=110)
     plt.close(fig)

@@ -52,8 +52,9 @@ class Reinforce:
     env_steps: int = 0  # tokens generated in training episodes
 
     @classmethod
-    def create(cls, env_kwargs: dict, num_envs: int, seed: int, lr: float = 1e-4, critic_lr: float = 1e-3):
-        envs = gym.make_vec("TextRLHF-v0", num_envs=num_envs, vectorization_mode="vector_entry_point",
+    def create(cls, env_kwargs: dict, num_envs: int, seed: int, lr: float = 1e-4, critic_lr: float = 1e-3,
+               env_id: str = "TextRLHF-v0"):  # fmt: skip
+        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                             autoreset_mode="disabled", **env_kwargs)  # fmt: skip
         torch.manual_seed(seed)
         policy = make_actor(envs.unwrapped.model)
@@ -66,7 +67,8 @@ class Reinforce:
     def iteration(self, num_episodes: int | None = None) -> dict[str, float]:
         """Collect complete episodes and take one gradient step.
 
-        Returns the env steps so far and the episodes' mean (normalised) RM score.
+        Returns the env steps so far and the episodes' means: the (normalised) RM score, the gold
+        score and KL(π‖π_ref) per sequence (k1: Σ_t log π − log π_ref of the sampling policy).
         """
         base = self.envs.unwrapped
         episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes,
@@ -74,7 +76,7 @@ class Reinforce:
         d = sequence_batch(episodes)
         mask = d["mask"]
         beta = base.kl_coef
-        reward, _ = per_token_rewards(d["env_reward"], d["sample_log_prob"], d["ref_logprob"], mask, beta, beta)
+        reward, log_ratio = per_token_rewards(d["env_reward"], d["sample_log_prob"], d["ref_logprob"], mask, beta, beta)
         P = base.max_prompt_tokens
         logp = gather_logprobs(TokenLogits(self.policy, P)(d["sequence"], d["sequence_mask"]), d["action"])
         values = TokenValues(self.critic, P)(d["sequence"], d["sequence_mask"])[..., 0]  # ONE forward each
@@ -85,4 +87,9 @@ class Reinforce:
         self.optimizer.step()
         self.iterations += 1
         self.env_steps += int(mask.sum())
-        return {"env_steps": self.env_steps, "score": float(episodes["score_reward"].mean())}
+        return {
+            "env_steps": self.env_steps,
+            "score": float(episodes["score_reward"].mean()),
+            "gold_score": float(episodes["gold_score"].mean()),
+            "kl": float(log_ratio.sum(1).mean()),
+        }

@@ -1,6 +1,7 @@
 """The benchmark harness: every adapter runs a tiny budget end to end; all outputs are written."""
 
 import csv
+import json
 import math
 
 import numpy as np
@@ -32,6 +33,12 @@ def test_every_adapter_trains_and_evaluates_and_the_harness_writes_everything(tm
     assert "| torchrl_ppo |" in (tmp_path / "results.md").read_text()
     for png in ("rm_vs_steps.png", "frontier.png"):
         assert (tmp_path / png).stat().st_size > 10_000
+    # every trained algorithm logs its training episodes' gold and KL for the frontier (SB3 through a callback)
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    for name, curve in curves.items():
+        trained = not name.startswith(("reference", "random"))
+        assert bool(curve) == trained, name
+        assert all(math.isfinite(p["gold"]) and math.isfinite(p["kl"]) for p in curve), name
 
 
 def test_a_user_adapter_registers_and_runs(tmp_path):

@@ -267,7 +267,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from textgym.agents.benchmark import ALGORITHMS, PRESETS, BenchConfig, run_benchmark
 
     values = {k: v for k, v in PRESETS["quick" if args.quick else "default"].items() if v is not None}
-    for name in ("budget", "num_envs", "max_new_tokens", "kl_coef", "eval_episodes", "out"):
+    for name in ("task", "budget", "num_envs", "max_new_tokens", "kl_coef", "frontier_kl", "eval_episodes", "out"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     if args.algos:
@@ -334,12 +334,16 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_rm_calibrate)
 
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
+    p.add_argument("--task", default=None, choices=["sentiment", "arithmetic"],
+                   help="sentiment (TextRLHF-v0) or arithmetic (TextArithmetic-v0) (default: sentiment)")  # fmt: skip
     p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
     p.add_argument("--num-envs", type=int, default=None, help="env slots (default: the preset's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the preset's)")
     p.add_argument("--kl-coef", type=float, default=None, help="β (default: the preset's)")
+    p.add_argument("--frontier-kl", type=float, default=None, help="KL (nats) the frontier's area is taken up to "
+                   "(default: the task's)")  # fmt: skip
     p.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the preset's)")
     p.add_argument("--out", default=None, help="output folder (default: the preset's)")
     p.add_argument("--quick", action="store_true", help="a few-minute smoke preset")

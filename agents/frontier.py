@@ -1,0 +1,86 @@
+"""The reward–KL frontier of a training run, after Gao et al. (2022), "Scaling Laws for Reward Model Overoptimization".
+
+A run is summarised by the gold reward it buys per unit of divergence from π_ref, with
+d = √KL(π‖π_ref) (nats per sequence). Gao et al. found that for RL the gold reward gained over
+π_ref follows
+
+    R(d) = d (α − β log d)
+
+which rises, peaks at d* = exp(α/β − 1) and falls (over-optimisation of the proxy). The form is
+linear in (α, β), so it is fitted by least squares on the (d, R) points a run logs during
+training, with R = reward − reward of π_ref.
+
+The summary number is the area under the *frontier*: the best fitted gain reachable within a KL
+budget, F(d) = max over d' ≤ min(d, d_reached) of R(d'), averaged over d ∈ [0, d_max]. The
+running maximum is there because a policy can always stop early (π_ref itself is F(0) = 0); the
+clip at ``d_reached`` because a run earns no credit for KL it never reached (a fit extrapolated
+past its data is not a measurement). Dividing by ``d_max`` keeps the reward's units: the AUC is
+the mean gold gain over the KL range, comparable between algorithms at the same ``d_max``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
+
+
+def _features(d: np.ndarray) -> np.ndarray:
+    """Columns (d, −d log d) of the Gao form; d log d → 0 as d → 0."""
+    safe = np.where(d > 0, d, 1.0)
+    return np.stack([d, np.where(d > 0, -d * np.log(safe), 0.0)], axis=1)
+
+
+def gao_fit(d, reward) -> tuple[float, float]:
+    """Least-squares (α, β) of R(d) = d(α − β log d) through ``(d, reward)`` points.
+
+    Raises:
+        ValueError: fewer than two points with d > 0, or d < 0, or non-finite values.
+    """
+    d, r = np.asarray(d, dtype=np.float64), np.asarray(reward, dtype=np.float64)
+    if d.shape != r.shape or not (np.isfinite(d).all() and np.isfinite(r).all()):
+        raise ValueError(f"d and reward must be finite arrays of one shape, got {d.shape} and {r.shape}")
+    if (d < 0).any():
+        raise ValueError(f"d = sqrt(KL) must be >= 0, got min {d.min()}")
+    if np.count_nonzero(d > 0) < 2:
+        raise ValueError(f"the fit needs at least two points with d > 0, got {np.count_nonzero(d > 0)}")
+    (alpha, beta), *_ = np.linalg.lstsq(_features(d), r, rcond=None)
+    return float(alpha), float(beta)
+
+
+def gao_curve(d, alpha: float, beta: float) -> np.ndarray:
+    """R(d) = d(α − β log d), with R(0) = 0."""
+    return _features(np.asarray(d, dtype=np.float64)) @ np.array([alpha, beta])
+
+
+def frontier_auc(alpha: float, beta: float, d_reached: float, d_max: float, points: int = 513) -> float:
+    """Mean over d ∈ [0, d_max] of the best fitted gain within KL budget d and within the run's reach."""
+    if not d_max > 0:
+        raise ValueError(f"d_max={d_max} must be > 0")
+    grid = np.linspace(0.0, d_max, points)
+    best = np.maximum.accumulate(gao_curve(np.minimum(grid, max(d_reached, 0.0)), alpha, beta))
+    return float(np.trapezoid(best, grid) / d_max)
+
+
+def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float) -> dict[str, float]:
+    """Fit and AUC of one run's logged ``{"kl", "score", "gold"}`` points, rewards taken relative to π_ref's.
+
+    ``baseline`` holds π_ref's ``score`` and ``gold``. Points without a KL or reward (NaN) are
+    left out; a run with too few points gets NaN (a run that did not train has no frontier).
+    Returns ``gold_auc``, ``proxy_auc``, ``gold_alpha``, ``gold_beta``, ``d_reached``.
+    """
+    out = {"gold_auc": math.nan, "proxy_auc": math.nan, "gold_alpha": math.nan, "gold_beta": math.nan,
+           "d_reached": math.nan}  # fmt: skip
+    pts = [p for p in curve if all(math.isfinite(p.get(k, math.nan)) for k in ("kl", "score", "gold"))]
+    d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
+    if np.count_nonzero(d > 0) < 2:
+        return out
+    out["d_reached"] = float(d.max())
+    for key, name in (("gold", "gold"), ("score", "proxy")):
+        alpha, beta = gao_fit(d, np.array([p[key] for p in pts]) - baseline[key])
+        out[f"{name}_auc"] = frontier_auc(alpha, beta, out["d_reached"], d_max)
+        if name == "gold":
+            out["gold_alpha"], out["gold_beta"] = alpha, beta
+    return out

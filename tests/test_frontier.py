@@ -1,0 +1,64 @@
+"""The reward–KL frontier (Gao et al. 2022): the fit, its area, and a benchmark run on the arithmetic task."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from textgym.agents.frontier import frontier_auc, gao_curve, gao_fit, run_frontier
+
+
+def test_the_fit_recovers_alpha_and_beta_from_points_on_a_gao_curve():
+    d = np.array([0.0, 0.3, 0.7, 1.0, 1.6, 2.5])
+    alpha, beta = gao_fit(d, d * (0.8 - 0.3 * np.log(np.where(d > 0, d, 1.0))))
+    assert (alpha, beta) == pytest.approx((0.8, 0.3), abs=1e-12)
+    assert gao_curve([0.0], alpha, beta)[0] == 0.0
+
+
+def test_the_area_of_a_rising_then_falling_frontier_on_a_hand_computed_case():
+    # R(d) = d(1 − ln d) peaks at d = 1 with R = 1 and is 0 again at d = e. The frontier is R up to 1,
+    # then 1 (a policy can stop at the peak): ∫0^1 d(1 − ln d) dd = 1/2 + 1/4, so the mean is (3/4 + e − 1)/e.
+    assert frontier_auc(1.0, 1.0, d_reached=10.0, d_max=math.e, points=20001) == pytest.approx(
+        (0.75 + math.e - 1) / math.e, abs=1e-6
+    )
+    # no credit past the KL a run reached: R(d) = d reached only up to 1, held there up to d_max = 2
+    assert frontier_auc(1.0, 0.0, d_reached=1.0, d_max=2.0, points=20001) == pytest.approx((0.5 + 1.0) / 2, abs=1e-6)
+    # a run that only lost reward has the frontier of π_ref itself
+    assert frontier_auc(-1.0, 0.0, d_reached=3.0, d_max=2.0) == 0.0
+
+
+def test_a_run_is_fitted_relative_to_pi_ref_and_points_without_kl_are_left_out():
+    d = np.array([0.0, 0.5, 1.0, 1.5])
+    curve = [{"env_steps": i, "kl": float(x * x), "score": 2.0 + 3 * x, "gold": 0.5 + x} for i, x in enumerate(d)]
+    curve.append({"env_steps": 9, "kl": math.nan, "score": 100.0, "gold": 100.0})  # e.g. a user's ctx.log(steps, score)
+    out = run_frontier(curve, {"score": 2.0, "gold": 0.5}, d_max=1.0)
+    assert out["gold_alpha"] == pytest.approx(1.0) and out["gold_beta"] == pytest.approx(0.0, abs=1e-12)
+    assert out["gold_auc"] == pytest.approx(0.5, abs=1e-5) and out["proxy_auc"] == pytest.approx(1.5, abs=1e-5)
+    assert out["d_reached"] == 1.5
+    assert math.isnan(run_frontier(curve[:2], {"score": 0.0, "gold": 0.0}, d_max=1.0)["gold_auc"])
+
+
+def test_the_fit_refuses_too_few_points_and_negative_d():
+    with pytest.raises(ValueError, match="at least two points"):
+        gao_fit([0.0, 1.0], [0.0, 1.0])
+    with pytest.raises(ValueError, match="must be >= 0"):
+        gao_fit([-1.0, 1.0, 2.0], [0.0, 1.0, 1.0])
+
+
+def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
+    from textgym.cli import main
+
+    main(["bench", "--task", "arithmetic", "--algos", "grpo,reference", "--seeds", "0", "--budget", "128",
+          "--num-envs", "8", "--eval-episodes", "8", "--out", str(tmp_path)])  # fmt: skip
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["env_id"] == "TextArithmetic-v0" and env["normalize_reward"] is False
+    assert 0.2 < env["reference"]["gold"] < 0.8  # π_ref's exact-answer rate, the frontier's origin
+    with (tmp_path / "results.csv").open() as f:
+        rows = {r["algo"]: r for r in csv.DictReader(f)}
+    grpo = rows["grpo"]
+    assert math.isfinite(float(grpo["gold_auc"])) and float(grpo["d_reached"]) > 0
+    assert grpo["gold_auc"] == grpo["proxy_auc"]  # the verifier is both reward and gold here
+    assert rows["reference"]["gold_auc"] == "nan"  # it did not train: no frontier, not a zero
+    assert "gold_auc" in (tmp_path / "results.md").read_text()
