@@ -200,3 +200,33 @@ def test_saved_weights_follow_the_umask(tmp_path):
         os.umask(old)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()}
     assert "model.safetensors" in modes and modes == dict.fromkeys(modes, 0o644)
+
+
+# ---------------------------------------------------------------- 7. weights stored once
+def test_the_hf_folders_share_the_checkpoints_weight_files(done_run):
+    from transformers import AutoModelForCausalLM
+
+    for hf, ckpt in (("policy", "policy"), ("value", "critic")):
+        a, b = done_run / hf / "model.safetensors", done_run / "checkpoint" / ckpt / "model.safetensors"
+        assert a.stat().st_ino == b.stat().st_ino, hf  # one file on disk under two names
+    files = [p for p in done_run.rglob("*") if p.is_file()]
+    unique = {p.stat().st_ino: p.stat().st_size for p in files}
+    weights = sum(p.stat().st_size for p in files if p.name == "model.safetensors")
+    assert sum(unique.values()) <= sum(p.stat().st_size for p in files) - weights / 2 + 1
+    AutoModelForCausalLM.from_pretrained(done_run / "policy")  # still a plain HF folder
+
+
+def test_link_files_copies_where_a_link_is_refused(tmp_path, monkeypatch):
+    from textgym.utils import link_files
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "w.bin").write_bytes(b"123")
+
+    def refuse(src, dst):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", refuse)
+    link_files(tmp_path / "a", tmp_path / "b")
+    copy = tmp_path / "b" / "w.bin"
+    assert copy.read_bytes() == b"123" and copy.stat().st_ino != (tmp_path / "a" / "w.bin").stat().st_ino

@@ -14,6 +14,7 @@ __all__ = [
     "FolderInUseError",
     "lock_folder",
     "recover_folder",
+    "link_files",
     "save_folder_atomically",
     "short_repr",
     "write_text_atomically",
@@ -66,6 +67,22 @@ def save_folder_atomically(out: str | Path, write: Callable[[Path], object]) -> 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     _swap_in(out)
+
+
+def link_files(src: str | Path, dst: str | Path) -> None:
+    """Hard-link every file of folder ``src`` into folder ``dst`` (copy where links are not possible).
+
+    Why: a run keeps its weights in ``checkpoint/`` and as plain HF folders (``policy/``,
+    ``value/``); a link stores them once on disk. Saved files are never rewritten in place (a
+    save writes a new folder and swaps it in), so a linked file cannot change under the other name.
+    """
+    src, dst = Path(src), Path(dst)
+    for path in src.iterdir():
+        if path.is_file():
+            try:
+                os.link(path, dst / path.name)
+            except OSError:  # another file system, or one without hard links
+                shutil.copy2(path, dst / path.name)
 
 
 def _swap_in(out: Path) -> None:

@@ -25,7 +25,14 @@ from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import resolve_device
 from textgym.policies import LMSampler, truncate_logits
-from textgym.utils import lock_folder, recover_folder, save_folder_atomically, short_repr, write_text_atomically
+from textgym.utils import (
+    link_files,
+    lock_folder,
+    recover_folder,
+    save_folder_atomically,
+    short_repr,
+    write_text_atomically,
+)
 
 from ..evaluate import RUN_INFO
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
@@ -305,18 +312,23 @@ class Trainer:
         """``out/checkpoint`` (everything to resume) and plain HF folders ``out/policy``, ``out/value`` (PPO only).
 
         Each folder is swapped in atomically (see :func:`textgym.utils.save_folder_atomically`).
+        The HF folders hard-link the checkpoint's weight files: the weights are stored once.
         """
         tok = self.envs.unwrapped.tokenizer
 
-        def write_policy(folder: Path) -> None:
-            self.policy.save_pretrained(folder)
-            tok.save_pretrained(folder)
-            (folder / RUN_INFO).write_text(json.dumps(self.run_info()))
+        def hf_folder(name: str, info: bool):
+            def write(folder: Path) -> None:
+                link_files(out / "checkpoint" / name, folder)
+                tok.save_pretrained(folder)
+                if info:
+                    (folder / RUN_INFO).write_text(json.dumps(self.run_info()))
+
+            return write
 
         save_folder_atomically(out / "checkpoint", self._write_checkpoint)
-        save_folder_atomically(out / "policy", write_policy)
+        save_folder_atomically(out / "policy", hf_folder("policy", info=True))
         if self.critic is not None:  # GRPO and RLOO have none
-            save_folder_atomically(out / "value", lambda t: (self.critic.save_pretrained(t), tok.save_pretrained(t)))
+            save_folder_atomically(out / "value", hf_folder("critic", info=False))
 
     def _trained(self) -> dict[str, torch.nn.Module]:
         """The trained models by checkpoint folder name (no critic for GRPO and RLOO)."""
