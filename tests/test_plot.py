@@ -1,0 +1,66 @@
+"""The demo plot: its curves, the KL target line and the π_ref baseline (from a hand-written run folder)."""
+
+import json
+import os
+
+import pytest
+
+from textgym.agents.ppo.plot import curves_figure, plot_metrics
+
+ROWS = [{"iteration": i, "score": s, "gold_score": g, "kl": k, "beta": 0.1}
+        for i, s, g, k in ((1, -0.25, 0.3, 0.0), (2, 0.5, 0.6, 2.0), (3, 1.0, 0.8, 4.0))]  # fmt: skip
+
+
+def write_run(path, target_kl, rows=ROWS, eval_pi_ref=None):
+    path.mkdir(exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "config.json").write_text(json.dumps({"target_kl": target_kl, "kl_coef": 0.1}))
+    if eval_pi_ref is not None:
+        (path / "eval.json").write_text(json.dumps({"pi_ref": eval_pi_ref, "policy": eval_pi_ref}))
+    return path
+
+
+def lines(ax):
+    """{label: y data} of the lines drawn on ``ax``."""
+    return {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+
+
+def test_kl_panel_draws_the_target_and_score_panels_iteration_1_as_pi_ref(tmp_path):
+    score, gold, kl = curves_figure(write_run(tmp_path, target_kl=6.0)).axes
+    assert lines(kl)["target KL"] == [6.0, 6.0]
+    assert lines(kl)["β × 100"] == pytest.approx([10.0] * 3)
+    assert lines(score)["π_ref (iteration 1's rollout)"] == [-0.25, -0.25]  # the first row, drawn flat
+    assert lines(gold)["π_ref (iteration 1's rollout)"] == [0.3, 0.3]
+    assert [line.get_label() for line in score.get_legend().get_lines()] == ["π_ref (iteration 1's rollout)"]
+
+
+def test_fixed_beta_has_no_target_line(tmp_path):
+    kl = curves_figure(write_run(tmp_path, target_kl=None)).axes[2]
+    assert "target KL" not in lines(kl) and len(kl.get_lines()) == 2  # the KL curve and β × 100
+
+
+def test_pi_ref_from_eval_json_when_written_after_the_run_started(tmp_path):
+    pi_ref = {"score": [-0.09, 1.08], "gold_score": [0.27, 0.48], "kl": [0.0, 0.0]}
+    run = write_run(tmp_path, target_kl=6.0, eval_pi_ref=pi_ref)
+    score, gold, kl = curves_figure(run).axes
+    assert lines(score)["π_ref (eval.json, eval prompts)"] == [-0.09, -0.09]
+    assert lines(gold)["π_ref (eval.json, eval prompts)"] == [0.27, 0.27]
+    assert not any(label.startswith("π_ref") for label in lines(kl))
+
+    # an eval.json older than the run's config.json belongs to an earlier run: iteration 1 is used
+    config_time = os.stat(run / "config.json").st_mtime
+    os.utime(run / "eval.json", (config_time - 60, config_time - 60))
+    assert "π_ref (iteration 1's rollout)" in lines(curves_figure(run).axes[0])
+
+
+def test_no_pi_ref_line_without_iteration_1(tmp_path):
+    score = curves_figure(write_run(tmp_path, target_kl=6.0, rows=ROWS[1:])).axes[0]
+    assert len(score.get_lines()) == 1 and score.get_legend() is None
+
+
+def test_plot_metrics_writes_the_png_and_refuses_an_empty_run(tmp_path):
+    path = plot_metrics(write_run(tmp_path / "run", target_kl=6.0), out=tmp_path / "c.png")
+    assert path == tmp_path / "c.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_metrics(tmp_path / "run") == tmp_path / "run" / "curves.png"
+    with pytest.raises(ValueError, match="metrics.jsonl holds no iterations"):
+        plot_metrics(write_run(tmp_path / "empty", target_kl=6.0, rows=[]))
