@@ -25,13 +25,21 @@ register(
 
 # The same env on a verifiable task: "a+b=" problems, reward 1 for the exact sum (RLVR), a tiny π_ref
 # that starts at 37 % exact answers at temperature 1 (textgym/assets/arith_lm/build_report.json).
+# reward_model="arithmetic-proxy" pays a learned, imperfect proxy of the verifier instead, gold_score staying the
+# verifier's: over-optimisation measured against an exact gold (textgym/assets/arith_proxy_rm/build_report.json).
 register(
     id="TextArithmetic-v0",
     entry_point="textgym.envs.text_rlhf:TextRLHFEnv",
     vector_entry_point="textgym.envs.text_rlhf:TextRLHFVectorEnv",
     disable_env_checker=False,
-    kwargs={"model": str(ARITH_LM), "reward_model": "arithmetic", "gold_scorer": "arithmetic",
-            "prompts": str(ARITH_TRAIN), "max_new_tokens": 4, "normalize_reward": False},  # fmt: skip
+    kwargs={
+        "model": str(ARITH_LM),
+        "reward_model": "arithmetic",
+        "gold_scorer": "arithmetic",
+        "prompts": str(ARITH_TRAIN),
+        "max_new_tokens": 4,
+        "normalize_reward": False,
+    },  # fmt: skip
 )
 
 __all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "__version__"]

@@ -1,8 +1,9 @@
 """Verifiable rewards: the answer is checked, not learned (RLVR). A verifier is just a reward model.
 
 ``ArithmeticVerifier`` scores the embedded arithmetic task (``TextArithmetic-v0``): prompts
-``"a+b="``, reward 1 for the exact sum (+ EOS), 0 otherwise. Any other checker plugs in the same
-way, e.g. a scorer from ``reasoning-gym``::
+``"a+b="``, reward 1 for the exact sum (+ EOS), 0 otherwise. ``reward_model="arithmetic-proxy"`` is its
+learned stand-in, a classifier of π_ref's right/wrong answers, to study over-optimisation against this exact
+gold. Any other checker plugs in the same way, e.g. a scorer from ``reasoning-gym``::
 
     from reasoning_gym import create_dataset
     data = create_dataset("basic_arithmetic", size=500, seed=0)
@@ -17,7 +18,9 @@ import re
 
 import numpy as np
 
+from textgym.models import ARITH_PROXY_RM
 from textgym.rewards.base import Episodes
+from textgym.rewards.builtin import HFRewardModel
 from textgym.rewards.registry import register
 
 __all__ = ["ArithmeticVerifier"]
@@ -60,3 +63,16 @@ class ArithmeticVerifier:
 
 
 register("arithmetic", lambda **kwargs: ArithmeticVerifier())
+
+
+def _arithmetic_proxy(**kwargs) -> HFRewardModel:
+    """The learned proxy of ``ArithmeticVerifier``; ``kwargs`` (the env's ``device``) go to HFRewardModel."""
+    if not ARITH_PROXY_RM.is_dir():  # a source checkout without the built asset: say how to build it
+        raise FileNotFoundError(
+            f"reward_model='arithmetic-proxy': {str(ARITH_PROXY_RM)!r} does not exist; "
+            "build it with `python -m textgym.assets.build_arith_proxy`"
+        )
+    return HFRewardModel(ARITH_PROXY_RM, **kwargs)
+
+
+register("arithmetic-proxy", _arithmetic_proxy)
