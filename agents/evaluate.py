@@ -27,7 +27,8 @@ from textgym.policies import LMSampler
 __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings"]
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
-ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id")
+ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id",
+                "chat_template", "normalize_reward", "eval_prompts")  # fmt: skip
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 
@@ -135,11 +136,12 @@ def evaluate(
         ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
     run = run_settings(policy)
-    temperature = temperature if temperature is not None else run.pop("temperature", 1.0)
+    run_temperature = run.pop("temperature", 1.0)
+    temperature = temperature if temperature is not None else run_temperature
     sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with
     env_id = env_kwargs.pop("env_id", None) or run.pop("env_id", "TextRLHF-v0")
-    env_kwargs = {"prompts": str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS)),
-                  **{k: v for k, v in run.items() if k != "temperature"}, **env_kwargs}  # fmt: skip
+    eval_prompts = run.pop("eval_prompts", None) or str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS))
+    env_kwargs = {"prompts": eval_prompts, **run, **env_kwargs}
     num_envs = min(num_envs, episodes)
     envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
                         autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip

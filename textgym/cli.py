@@ -1,4 +1,5 @@
-"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``rm-train``, ``rm-calibrate``, ``bench``.
+"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``export``, ``rm-train``, ``rm-calibrate``,
+``bench``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -222,6 +223,35 @@ def cmd_eval(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
 
 
+def cmd_export(args: argparse.Namespace) -> None:
+    """A saved policy as a folder of its own; ``--merge`` folds LoRA adapters into full weights."""
+    import shutil
+
+    from textgym.agents.evaluate import RUN_INFO
+    from textgym.models import load_causal_lm, load_tokenizer
+    from textgym.utils import save_folder_atomically
+
+    src, out = Path(args.policy), Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise FileExistsError(f"--out={str(out)!r} exists; pass --overwrite to replace it")
+    lora = (src / "adapter_config.json").is_file()
+    if args.merge and not lora:
+        raise ValueError(f"--merge: policy={str(src)!r} holds no LoRA adapters (no adapter_config.json): "
+                         "it is already full weights; export it without --merge")  # fmt: skip
+
+    def write(folder: Path) -> None:
+        if args.merge:
+            load_causal_lm(src, name="policy").save_pretrained(folder)
+            load_tokenizer(src, name="policy").save_pretrained(folder)
+            if (src / RUN_INFO).is_file():
+                shutil.copy2(src / RUN_INFO, folder / RUN_INFO)
+        else:
+            shutil.copytree(src, folder, dirs_exist_ok=True)
+
+    save_folder_atomically(out, write)
+    print(f"wrote {out} ({'merged full weights' if args.merge else 'a copy of ' + str(src)})")
+
+
 def cmd_rm_train(args: argparse.Namespace) -> None:
     from textgym.models import DEFAULT_LM
     from textgym.rewards.training import load_pairs, train_reward_model
@@ -314,6 +344,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("export", help="copy a saved policy to a folder; --merge folds LoRA adapters into it")
+    p.add_argument("policy", help="a saved policy folder, e.g. OUT/policy")
+    p.add_argument("--out", required=True, help="the folder to write (refused if it exists, unless --overwrite)")
+    p.add_argument("--merge", action="store_true", help="merge LoRA adapters into the base: a plain HF causal LM")
+    p.add_argument("--overwrite", action="store_true", help="replace --out")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("rm-train", help="train a Bradley-Terry reward model from preference pairs (JSONL)")
     p.add_argument("--pairs", required=True, help='JSONL lines {"prompt", "chosen", "rejected"}')

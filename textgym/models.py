@@ -7,6 +7,7 @@ folder or hub id (already in the local cache: nothing is downloaded at run time 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from textgym.functional import position_ids_from_mask
+from textgym.named_models import resolve_named_model
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_LM = ASSETS / "lm"
@@ -22,10 +24,18 @@ DEFAULT_RM = ASSETS / "rm"
 DEFAULT_PROMPTS = ASSETS / "data" / "prompts_train.txt"
 EVAL_PROMPTS = ASSETS / "data" / "prompts_eval.txt"
 ARITH_LM = ASSETS / "arith_lm"  # TextArithmetic-v0's π_ref (textgym.assets.build_arithmetic)
+# Its learned proxy of the verifier, reward_model="arithmetic-proxy" (textgym.assets.build_arith_proxy)
+ARITH_PROXY_RM = ASSETS / "arith_proxy_rm"
 ARITH_TRAIN = ASSETS / "data" / "arith_train.txt"
 ARITH_EVAL = ASSETS / "data" / "arith_eval.txt"
 # The held-out prompts each registered env is evaluated on (disjoint from its train prompts).
 EVAL_PROMPTS_BY_ENV = {"TextRLHF-v0": EVAL_PROMPTS, "TextArithmetic-v0": ARITH_EVAL}
+# Shipped prompt sets by name (``prompts="review-requests"``): the review openings as instructions to a
+# chat model ('Write a short movie review that begins with "The movie".'), train and eval splits.
+PROMPT_SETS = {
+    "review-requests": ASSETS / "data" / "review_requests_train.txt",
+    "review-requests-eval": ASSETS / "data" / "review_requests_eval.txt",
+}
 
 __all__ = [
     "CachedDecoder",
@@ -34,8 +44,10 @@ __all__ = [
     "DEFAULT_PROMPTS",
     "EVAL_PROMPTS",
     "EVAL_PROMPTS_BY_ENV",
+    "PROMPT_SETS",
     "ARITH_EVAL",
     "ARITH_LM",
+    "ARITH_PROXY_RM",
     "ARITH_TRAIN",
     "TOKENIZER_FILES",
     "check_finite_output",
@@ -91,7 +103,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def _check_source(name: str, value: str | os.PathLike) -> str:
-    """A local folder is used as is; a hub id only when the string cannot be a path (and, offline, is cached).
+    """A local folder is used as is; then a name of :mod:`textgym.named_models`; a hub id only when the
+    string cannot be a path (and, offline, is cached).
 
     A string that looks like a path and does not exist fails at once: transformers would take
     ``runs/x`` for a hub id and retry the network for half a minute before failing.
@@ -100,6 +113,9 @@ def _check_source(name: str, value: str | os.PathLike) -> str:
     path = Path(text).expanduser()
     if path.is_dir():
         return str(path)
+    named = resolve_named_model(text)  # e.g. "smollm2-135m-instruct": a cached folder, converted on first use
+    if named is not None:
+        return named
     if path.exists():
         raise ValueError(f"{name}={text!r} is a file, not a folder; give a Hugging Face model folder or a hub id")
     if _looks_like_path(text):
@@ -277,12 +293,37 @@ def load_causal_lm(
 
     quiet_transformers()
     source = source if source is not None else DEFAULT_LM
-    model, src = load_pretrained(AutoModelForCausalLM, source, name, "a causal LM", dtype)
+    if (Path(os.fspath(source)) / "adapter_config.json").is_file():
+        model, src = load_lora_merged(source, name, dtype), os.fspath(source)
+    else:
+        model, src = load_pretrained(AutoModelForCausalLM, source, name, "a causal LM", dtype)
     model.to(resolve_device(device))
     model.eval()  # also for a trainable policy: PPO needs dropout off (N+ implementation details)
     check_finite_output(name, src, model)
     model.requires_grad_(trainable)
     return model
+
+
+def load_lora_merged(folder: str | os.PathLike, name: str = "model", dtype=None):
+    """A LoRA policy folder (peft adapters, as ``textgym train --lora-rank`` saves it) merged into its base.
+
+    The base is the one the adapters name (``base_model_name_or_path``), loaded and checked like
+    any model; the result is a plain causal LM (``textgym export --merge`` saves it as a folder).
+    """
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from peft import PeftModel
+    except ImportError as err:
+        raise ModuleNotFoundError(f"{name}={os.fspath(folder)!r} holds LoRA adapters: loading them needs peft "
+                                  "(pip install peft)") from err  # fmt: skip
+    base_src = json.loads((Path(folder) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base_src:
+        raise ValueError(f"{name}={os.fspath(folder)!r}: adapter_config.json does not name its base model")
+    base, _ = load_pretrained(AutoModelForCausalLM, base_src, f"{name} (the adapters' base)", "a causal LM", dtype)
+    return PeftModel.from_pretrained(base, os.fspath(folder)).merge_and_unload()
 
 
 class CachedDecoder:
@@ -307,6 +348,7 @@ class CachedDecoder:
         self.num_slots = num_slots
         self.max_len = max_len
         self.device = next(model.parameters()).device
+        self.context = contextlib.nullcontext  # every forward runs inside context() (see reference_context)
         self.cache = None
         self.mask = torch.zeros(num_slots, 0, dtype=torch.long, device=self.device)  # (N, C)
         self.next_pos = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # (N,)
@@ -322,14 +364,15 @@ class CachedDecoder:
         """Start ``slots`` on left-padded prompts; return their next-token logits ``(k, V)``."""
         from transformers import DynamicCache
 
-        out = self.model(
-            input_ids=input_ids,  # (k, P)
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            cache=DynamicCache(config=self.model.config),  # transformers 5 name of past_key_values
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with self.context():
+            out = self.model(
+                input_ids=input_ids,  # (k, P)
+                attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask),
+                cache=DynamicCache(config=self.model.config),  # transformers 5 name of past_key_values
+                use_cache=True,
+                logits_to_keep=1,
+            )
         self._merge(slots, out.cache, attention_mask)
         self.next_pos[slots] = attention_mask.sum(-1)
         return out.logits[:, -1].float()
@@ -349,13 +392,14 @@ class CachedDecoder:
         mask = torch.cat([self.mask, ones], dim=1)  # (N, C+1)
         before = [(layer.keys, layer.values) for layer in self.cache.layers]  # a step concatenates: no in-place change
         try:
-            out = self.model(
-                input_ids=tokens.view(-1, 1),
-                attention_mask=mask,
-                position_ids=self.next_pos.view(-1, 1),
-                cache=self.cache,
-                use_cache=True,
-            )
+            with self.context():
+                out = self.model(
+                    input_ids=tokens.view(-1, 1),
+                    attention_mask=mask,
+                    position_ids=self.next_pos.view(-1, 1),
+                    cache=self.cache,
+                    use_cache=True,
+                )
         except BaseException:
             for layer, (keys, values) in zip(self.cache.layers, before):
                 layer.keys, layer.values = keys, values

@@ -52,6 +52,11 @@ class PPOConfig:
         prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
             name, ``NAME[:SPLIT]`` (default: the env's set).
         prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
+        eval_prompts: held-out prompts for ``eval_every`` and ``textgym eval`` of the saved policy
+            (same forms as ``prompts``; default: the env's eval split).
+        chat_template: put each prompt into the tokenizer's chat template as the user turn (chat models).
+        normalize_reward: standardise the RM score with its stored mean/std under π_ref (None: when
+            stored). Turn it off for a policy model the stored statistics were not measured under.
         max_new_tokens: response length cap of the env.
         missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
@@ -74,6 +79,12 @@ class PPOConfig:
         top_p: sample from the smallest set of tokens whose probability reaches p (nucleus; None: all),
             after temperature and top_k, as Hugging Face ``generate`` orders them.
         learning_rate, critic_learning_rate: AdamW step sizes of policy and critic.
+        lora_rank: 0 trains every weight; R > 0 trains LoRA adapters of rank R (peft) on every linear
+            layer of the env's own π_ref model, whose π_ref forwards run with the adapters disabled:
+            one copy of the base weights serves π_ref and the policy. The critic is then the reward
+            model's (small) backbone when it shares the tokenizer, else a frozen copy of the body with
+            its own adapters and a value head.
+        lora_alpha: LoRA scaling numerator (default 2·R; the update is scaled by alpha/R).
         lr_schedule: ``constant``, ``linear`` or ``cosine`` decay to 0 over the run (transformers' schedulers),
             in iterations, after the warmup.
         warmup_iterations: iterations of linear learning-rate warmup from 0 (0: none).
@@ -109,6 +120,9 @@ class PPOConfig:
     reward_model: str | None = None
     prompts: str | None = None
     prompt_column: str = "prompt"
+    eval_prompts: str | None = None
+    chat_template: bool = False
+    normalize_reward: bool | None = None
     max_new_tokens: int = 32
     missing_eos_penalty: float = 0.0
     kl_coef: float = DEFAULT_KL_COEF
@@ -121,6 +135,8 @@ class PPOConfig:
     top_p: float | None = None
     learning_rate: float = 1e-4
     critic_learning_rate: float = 3e-4
+    lora_rank: int = 0
+    lora_alpha: float | None = None
     lr_schedule: str = "constant"
     warmup_iterations: int = 0
     early_stop_kl: float | None = None
@@ -177,6 +193,10 @@ class PPOConfig:
             raise ValueError(
                 f"group_size={self.group_size} must be >= 2 and divide num_envs={self.num_envs} for algo={self.algo!r}"
             )
+        if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or self.lora_rank < 0:
+            raise ValueError(f"lora_rank={self.lora_rank!r} must be an int >= 0 (0: train every weight)")
+        if self.lora_alpha is not None and not (math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
+            raise ValueError(f"lora_alpha={self.lora_alpha!r} must be a finite float > 0 or None (2 x lora_rank)")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"precision={self.precision!r} is not one of 'auto', 'fp32', 'bf16'")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -219,6 +239,10 @@ class PPOConfig:
                 kwargs[name] = getattr(self, name)
         if self.prompt_column != "prompt":
             kwargs["prompt_column"] = self.prompt_column
+        if self.chat_template:
+            kwargs["chat_template"] = True
+        if self.normalize_reward is not None:
+            kwargs["normalize_reward"] = self.normalize_reward
         return kwargs
 
 
@@ -266,6 +290,14 @@ def _parse_optional(kind):
     return parse
 
 
+def _parse_bool(text: str) -> bool:
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``) for a flag that can also be ``none``."""
+    words = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in words:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true, false or none")
+    return words[text.lower()]
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """One flag per field (``--total-episodes``; ``none`` for an optional one), ``--config`` and ``--config-file``."""
     parser.add_argument("--config", choices=sorted(PRESETS), default="default",
@@ -285,7 +317,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         if kind == "bool":
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
         else:
-            base = {"int": int, "float": float, "str": str}[kind.split(" |")[0]]
+            base = {"int": int, "float": float, "str": str, "bool": _parse_bool}[kind.split(" |")[0]]
             parse = _parse_optional(base) if "None" in kind else base
             parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, help=help_text)
 

