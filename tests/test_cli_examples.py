@@ -102,6 +102,7 @@ def test_cli_errors_name_the_argument():
             "{tmp}/crm",
         ],
         ["examples/train_reward_model.py", "--samples", "32", "--epochs", "1", "--out", "{tmp}/arm"],
+        ["examples/reasoning_gym_verifier.py", "--problems", "64", "--iterations", "2", "--out", "{tmp}/rg"],
         ["bench/ppo_iteration.py", "--quick"],
         ["bench/env_throughput.py", "--quick"],
     ],

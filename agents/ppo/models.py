@@ -97,8 +97,10 @@ def make_lora_actor(ref_model: nn.Module, rank: int, alpha: float | None, env) -
     Why share: the base weights are the largest thing in memory, and π_ref is exactly the base
     with the adapters off. peft's B matrices start at 0, so the initial policy is π_ref.
     """
-    from peft import LoraConfig, get_peft_model
-
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise ModuleNotFoundError(f"lora_rank={rank} needs peft: pip install 'textgym[lora]'") from err
     config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
                         task_type="CAUSAL_LM")  # fmt: skip
     policy = get_peft_model(ref_model, config)  # adapters injected into ref_model's modules, only they train
