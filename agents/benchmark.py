@@ -60,7 +60,7 @@ from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
 
 from .evaluate import evaluate
-from .frontier import gao_curve, gao_fit, run_frontier
+from .frontier import frontier_at, gao_curve, gao_fit, run_frontier
 
 __all__ = ["ALGORITHMS", "BenchConfig", "RunContext", "confidence_interval", "register_algorithm", "run_benchmark"]
 
@@ -408,7 +408,34 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
     (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
     setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl}
     (out / "env.json").write_text(json.dumps(setup) + "\n")
+    write_frontier_table(out)
     return rows
+
+
+def write_frontier_table(out: str | Path, fractions: tuple[float, ...] = (0.125, 0.25, 0.5, 1.0)) -> str:
+    """``OUT/frontier.md`` from ``curves.json`` and ``env.json``: who leads at which KL.
+
+    For each algorithm and KL budget k (fractions of ``frontier_kl``): the frontier F(√k) of its
+    Gao fit — the best gold gain over π_ref it reached within KL k — as mean ± 95 % CI over seeds.
+    Returns the table (it can be rebuilt from a finished benchmark's files).
+    """
+    out = Path(out)
+    curves = json.loads((out / "curves.json").read_text())
+    setup = json.loads((out / "env.json").read_text())
+    budgets = [setup["frontier_kl"] * f for f in fractions]
+    lines = ["| algorithm | " + " | ".join(f"gold gain at KL ≤ {k:g}" for k in budgets) + " |",
+             "|---" * (len(budgets) + 1) + "|"]  # fmt: skip
+    for algo in dict.fromkeys(name.split("/")[0] for name in curves):
+        fits = [run_frontier(c, setup["reference"], math.sqrt(setup["frontier_kl"]))
+                for name, c in curves.items() if name.split("/")[0] == algo]  # fmt: skip
+        fits = [f for f in fits if math.isfinite(f["gold_auc"])]
+        if fits:
+            cells = [_cell([frontier_at(f["gold_alpha"], f["gold_beta"], f["d_reached"], math.sqrt(k)) for f in fits])
+                     for k in budgets]  # fmt: skip
+            lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n"
+    (out / "frontier.md").write_text(table)
+    return table
 
 
 # Two-sided 95 % Student-t quantiles t_{0.975, df}; beyond the table the normal 1.96 is within 2 %.

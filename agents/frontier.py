@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
+__all__ = ["frontier_at", "frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
 
 
 def _features(d: np.ndarray) -> np.ndarray:
@@ -62,6 +62,12 @@ def frontier_auc(alpha: float, beta: float, d_reached: float, d_max: float, poin
     grid = np.linspace(0.0, d_max, points)
     best = np.maximum.accumulate(gao_curve(np.minimum(grid, max(d_reached, 0.0)), alpha, beta))
     return float(np.trapezoid(best, grid) / d_max)
+
+
+def frontier_at(alpha: float, beta: float, d_reached: float, d: float, points: int = 513) -> float:
+    """F(d): the best fitted gain within KL budget d² and within the run's reach (0 at d = 0)."""
+    grid = np.linspace(0.0, min(d, max(d_reached, 0.0)), points)
+    return float(np.max(gao_curve(grid, alpha, beta), initial=0.0))
 
 
 def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float) -> dict[str, float]:

@@ -62,3 +62,23 @@ def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
     assert grpo["gold_auc"] == grpo["proxy_auc"]  # the verifier is both reward and gold here
     assert rows["reference"]["gold_auc"] == "nan"  # it did not train: no frontier, not a zero
     assert "gold_auc" in (tmp_path / "results.md").read_text()
+
+
+def test_the_frontier_at_a_kl_budget_and_the_table_of_who_leads_where(tmp_path):
+    from textgym.agents.benchmark import write_frontier_table
+    from textgym.agents.frontier import frontier_at
+
+    assert frontier_at(1.0, 1.0, d_reached=10.0, d=math.e, points=20001) == pytest.approx(1.0, abs=1e-6)  # the peak
+    assert frontier_at(1.0, 0.0, d_reached=1.0, d=2.0) == pytest.approx(1.0)  # no credit past the reach
+    # "slow" gains 0.5·d up to d = 2 (KL 4); "fast" gains d but stops at d = 1 (KL 1)
+    curve = lambda slope, reach: [{"kl": d * d, "score": 0.0, "gold": 0.1 + slope * d}  # noqa: E731
+                                  for d in np.linspace(0, reach, 5)]  # fmt: skip
+    curves = {f"{a}/{s}": curve(slope, reach) for a, slope, reach in (("slow", 0.5, 2.0), ("fast", 1.0, 1.0))
+              for s in (0, 1)}  # fmt: skip
+    (tmp_path / "curves.json").write_text(json.dumps(curves))
+    (tmp_path / "env.json").write_text(json.dumps({"frontier_kl": 4.0, "reference": {"score": 0.0, "gold": 0.1}}))
+    rows = {line.split("|")[1].strip(): line for line in write_frontier_table(tmp_path).splitlines()[2:]}
+    cells = lambda algo: [float(c.split("±")[0]) for c in rows[algo].split("|")[2:-1]]  # noqa: E731
+    assert cells("fast") == pytest.approx([1 / math.sqrt(2), 1.0, 1.0, 1.0], abs=1e-3)  # KL 0.5, 1, 2, 4 (3 decimals)
+    assert cells("slow") == pytest.approx([0.5 / math.sqrt(2), 0.5, 0.5 * math.sqrt(2), 1.0], abs=1e-3)
+    assert (tmp_path / "frontier.md").read_text().startswith("| algorithm | gold gain at KL ≤ 0.5 |")
