@@ -1,8 +1,9 @@
 """Compare RL algorithms on a task on equal terms: the same KL-regularised objective, the same env,
 the same budget of env steps (tokens), the same evaluator, and the same frontier measure.
 
-Tasks (``TASKS``): ``sentiment`` (TextRLHF-v0: learned RM as the proxy, VADER as gold) and
-``arithmetic`` (TextArithmetic-v0: the exact-answer verifier is reward and gold).
+Tasks (``TASKS``): ``sentiment`` (TextRLHF-v0: learned RM as the proxy, VADER as gold),
+``arithmetic`` (TextArithmetic-v0: the exact-answer verifier is reward and gold) and
+``arithmetic-proxy`` (the same env paying a learned proxy of the verifier; gold stays the verifier).
 
 Beside the final eval scores, each run is summarised by its reward–KL frontier (Gao et al.
 2022; :mod:`textgym.agents.frontier`): the training episodes' proxy and gold reward against
@@ -60,7 +61,7 @@ from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
 
 from .evaluate import evaluate
-from .frontier import frontier_at, gao_curve, gao_fit, run_frontier
+from .frontier import MIN_POINTS, fit_run, frontier_at, gao_curve, gao_fit, run_frontier
 
 __all__ = ["ALGORITHMS", "BenchConfig", "RunContext", "confidence_interval", "register_algorithm", "run_benchmark"]
 
@@ -95,6 +96,7 @@ class Task:
     budget: int
     agent_lr: float = 3e-4  # our TorchRL agents' policy step size (torchrl_ppo, grpo, rloo)
     agent_epochs: int = 4
+    reward_model: str | None = None  # None: the env's own
 
 
 TASKS = {
@@ -102,6 +104,10 @@ TASKS = {
                       normalize=True, frontier_kl=8.0, budget=8192),
     "arithmetic": Task("TextArithmetic-v0", max_new_tokens=4, max_prompt_tokens=8, kl_coef=0.05,
                        normalize=False, frontier_kl=0.5, budget=65536, agent_lr=1e-4, agent_epochs=2),
+    # the same, trained on the learned proxy of the verifier (gold stays the verifier): over-optimisation
+    "arithmetic-proxy": Task("TextArithmetic-v0", max_new_tokens=4, max_prompt_tokens=8, kl_coef=0.05,
+                             normalize=True, frontier_kl=0.5, budget=65536, agent_lr=1e-4, agent_epochs=2,
+                             reward_model="arithmetic-proxy"),
 }  # fmt: skip
 
 
@@ -305,7 +311,8 @@ class BenchConfig:
 
     Attributes:
         task: a name in ``TASKS`` (``sentiment``: TextRLHF-v0, learned RM, VADER gold;
-            ``arithmetic``: TextArithmetic-v0, the exact-answer verifier as reward and gold).
+            ``arithmetic``: TextArithmetic-v0, the exact-answer verifier as reward and gold;
+            ``arithmetic-proxy``: the same, paying the learned ``arithmetic-proxy`` RM).
         algos: registered algorithm names.
         seeds: seeds per algorithm.
         budget: env steps (tokens) each trained algorithm may take (default: the task's).
@@ -366,7 +373,7 @@ def _reference(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, float]]:
 
     task = TASKS[cfg.task]
     kwargs = {"max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
-              "kl_coef": cfg.kl_coef}  # fmt: skip
+              "kl_coef": cfg.kl_coef, **({"reward_model": task.reward_model} if task.reward_model else {})}  # fmt: skip
     rows = sample_episodes(episodes=cfg.calibration_episodes, num_envs=min(64, cfg.calibration_episodes), seed=0,
                            env_id=task.env_id, **kwargs)  # fmt: skip
     rm = np.array([r["rm_score"] for r in rows])
@@ -426,12 +433,10 @@ def write_frontier_table(out: str | Path, fractions: tuple[float, ...] = (0.125,
     lines = ["| algorithm | " + " | ".join(f"gold gain at KL ≤ {k:g}" for k in budgets) + " |",
              "|---" * (len(budgets) + 1) + "|"]  # fmt: skip
     for algo in dict.fromkeys(name.split("/")[0] for name in curves):
-        fits = [run_frontier(c, setup["reference"], math.sqrt(setup["frontier_kl"]))
-                for name, c in curves.items() if name.split("/")[0] == algo]  # fmt: skip
-        fits = [f for f in fits if math.isfinite(f["gold_auc"])]
+        fits = [fit_run(c, setup["reference"], "gold") for name, c in curves.items() if name.split("/")[0] == algo]
+        fits = [f for f in fits if f is not None]
         if fits:
-            cells = [_cell([frontier_at(f["gold_alpha"], f["gold_beta"], f["d_reached"], math.sqrt(k)) for f in fits])
-                     for k in budgets]  # fmt: skip
+            cells = [_cell([frontier_at(alpha, beta, d, math.sqrt(k)) for d, alpha, beta in fits]) for k in budgets]
             lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     table = "\n".join(lines) + "\n"
     (out / "frontier.md").write_text(table)
@@ -529,7 +534,7 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, out: Path, task: 
     for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold", "gold − π_ref's")):
         for i, algo in enumerate(dict.fromkeys(a for a, _ in curves)):
             d, r = _frontier_points(curves, algo, baseline, key)
-            if np.count_nonzero(d > 0) < 2:
+            if np.count_nonzero(d > 0) < MIN_POINTS:
                 continue
             color = colors[i % len(colors)]
             ax.scatter(d, r, s=6, alpha=0.35, color=color)

@@ -10,12 +10,14 @@ which rises, peaks at d* = exp(α/β − 1) and falls (over-optimisation of the 
 linear in (α, β), so it is fitted by least squares on the (d, R) points a run logs during
 training, with R = reward − reward of π_ref.
 
-The summary number is the area under the *frontier*: the best fitted gain reachable within a KL
-budget, F(d) = max over d' ≤ min(d, d_reached) of R(d'), averaged over d ∈ [0, d_max]. The
-running maximum is there because a policy can always stop early (π_ref itself is F(0) = 0); the
-clip at ``d_reached`` because a run earns no credit for KL it never reached (a fit extrapolated
-past its data is not a measurement). Dividing by ``d_max`` keeps the reward's units: the AUC is
-the mean gold gain over the KL range, comparable between algorithms at the same ``d_max``.
+The summary number is the area under the *frontier*: the best fitted gain within a KL budget,
+F(d) = max(0, max over the run's points d_i ≤ d of R(d_i)), averaged over d ∈ [0, d_max]. The
+maximum is there because a policy can always stop early (π_ref itself is F(0) = 0); the fit is
+read at the KLs the run reached only, because a run earns no credit for KL it never reached and a
+two-parameter curve read between or past its points is not a measurement (on a few noisy points
+near d = 0 it can rise and fall to any height). The fit is what smooths each point's noise.
+Dividing by ``d_max`` keeps the reward's units: the AUC is the mean gold gain over the KL range,
+comparable between algorithms at the same ``d_max``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import math
 
 import numpy as np
 
-__all__ = ["frontier_at", "frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
+__all__ = ["MIN_POINTS", "fit_run", "frontier_at", "frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
 
 
 def _features(d: np.ndarray) -> np.ndarray:
@@ -55,38 +57,53 @@ def gao_curve(d, alpha: float, beta: float) -> np.ndarray:
     return _features(np.asarray(d, dtype=np.float64)) @ np.array([alpha, beta])
 
 
-def frontier_auc(alpha: float, beta: float, d_reached: float, d_max: float, points: int = 513) -> float:
-    """Mean over d ∈ [0, d_max] of the best fitted gain within KL budget d and within the run's reach."""
+def frontier_at(alpha: float, beta: float, d_points, d: float) -> float:
+    """F(d): the best fitted gain R(d_i) over the run's points with d_i ≤ d, and 0 (π_ref, or stopping early)."""
+    pts = np.asarray(d_points, dtype=np.float64)
+    reached = pts[pts <= d]
+    return float(max(0.0, gao_curve(reached, alpha, beta).max(initial=0.0)))
+
+
+def frontier_auc(alpha: float, beta: float, d_points, d_max: float, points: int = 513) -> float:
+    """Mean of F(d) over d ∈ [0, d_max] (a step function: the grid's trapezoids)."""
     if not d_max > 0:
         raise ValueError(f"d_max={d_max} must be > 0")
     grid = np.linspace(0.0, d_max, points)
-    best = np.maximum.accumulate(gao_curve(np.minimum(grid, max(d_reached, 0.0)), alpha, beta))
-    return float(np.trapezoid(best, grid) / d_max)
+    return float(np.trapezoid([frontier_at(alpha, beta, d_points, d) for d in grid], grid) / d_max)
 
 
-def frontier_at(alpha: float, beta: float, d_reached: float, d: float, points: int = 513) -> float:
-    """F(d): the best fitted gain within KL budget d² and within the run's reach (0 at d = 0)."""
-    grid = np.linspace(0.0, min(d, max(d_reached, 0.0)), points)
-    return float(np.max(gao_curve(grid, alpha, beta), initial=0.0))
+MIN_POINTS = 3  # points with d > 0 a fit needs: two parameters and one degree of freedom
+
+
+def fit_run(curve: list[dict], baseline: dict[str, float], key: str) -> tuple[np.ndarray, float, float] | None:
+    """(d of every point, α, β) of one run's ``key`` reward (``"gold"`` or ``"score"``) relative to π_ref's.
+
+    Points without a KL or reward (NaN) are left out; a run with fewer than ``MIN_POINTS`` with
+    d > 0 has no fit (None).
+    """
+    pts = [p for p in curve if all(math.isfinite(p.get(k, math.nan)) for k in ("kl", "score", "gold"))]
+    d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
+    if np.count_nonzero(d > 0) < MIN_POINTS:
+        return None
+    return (d, *gao_fit(d, np.array([p[key] for p in pts]) - baseline[key]))
 
 
 def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float) -> dict[str, float]:
     """Fit and AUC of one run's logged ``{"kl", "score", "gold"}`` points, rewards taken relative to π_ref's.
 
-    ``baseline`` holds π_ref's ``score`` and ``gold``. Points without a KL or reward (NaN) are
-    left out; a run with too few points gets NaN (a run that did not train has no frontier).
-    Returns ``gold_auc``, ``proxy_auc``, ``gold_alpha``, ``gold_beta``, ``d_reached``.
+    ``baseline`` holds π_ref's ``score`` and ``gold``. A run without a fit (:func:`fit_run`) gets
+    NaN: a run that did not train has no frontier. Returns ``gold_auc``, ``proxy_auc``,
+    ``gold_alpha``, ``gold_beta``, ``d_reached``.
     """
     out = {"gold_auc": math.nan, "proxy_auc": math.nan, "gold_alpha": math.nan, "gold_beta": math.nan,
            "d_reached": math.nan}  # fmt: skip
-    pts = [p for p in curve if all(math.isfinite(p.get(k, math.nan)) for k in ("kl", "score", "gold"))]
-    d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
-    if np.count_nonzero(d > 0) < 2:
-        return out
-    out["d_reached"] = float(d.max())
     for key, name in (("gold", "gold"), ("score", "proxy")):
-        alpha, beta = gao_fit(d, np.array([p[key] for p in pts]) - baseline[key])
-        out[f"{name}_auc"] = frontier_auc(alpha, beta, out["d_reached"], d_max)
+        fit = fit_run(curve, baseline, key)
+        if fit is None:
+            return out
+        d, alpha, beta = fit
+        out[f"{name}_auc"] = frontier_auc(alpha, beta, d, d_max)
+        out["d_reached"] = float(d.max())
         if name == "gold":
             out["gold_alpha"], out["gold_beta"] = alpha, beta
     return out

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from textgym.agents.frontier import frontier_auc, gao_curve, gao_fit, run_frontier
+from textgym.agents.frontier import frontier_at, frontier_auc, gao_curve, gao_fit, run_frontier
 
 
 def test_the_fit_recovers_alpha_and_beta_from_points_on_a_gao_curve():
@@ -18,15 +18,23 @@ def test_the_fit_recovers_alpha_and_beta_from_points_on_a_gao_curve():
 
 
 def test_the_area_of_a_rising_then_falling_frontier_on_a_hand_computed_case():
-    # R(d) = d(1 − ln d) peaks at d = 1 with R = 1 and is 0 again at d = e. The frontier is R up to 1,
-    # then 1 (a policy can stop at the peak): ∫0^1 d(1 − ln d) dd = 1/2 + 1/4, so the mean is (3/4 + e − 1)/e.
-    assert frontier_auc(1.0, 1.0, d_reached=10.0, d_max=math.e, points=20001) == pytest.approx(
-        (0.75 + math.e - 1) / math.e, abs=1e-6
-    )
+    # R(d) = d(1 − ln d) peaks at d = 1 with R = 1 and is 0 again at d = e. With points everywhere the frontier is
+    # R up to 1, then 1 (a policy can stop at the peak): ∫0^1 d(1 − ln d) dd = 3/4, so the mean is (3/4 + e − 1)/e.
+    dense = np.linspace(0, 10, 100001)
+    assert frontier_auc(1.0, 1.0, dense, d_max=math.e, points=20001) == pytest.approx((0.75 + math.e - 1) / math.e,
+                                                                                      abs=1e-4)  # fmt: skip
     # no credit past the KL a run reached: R(d) = d reached only up to 1, held there up to d_max = 2
-    assert frontier_auc(1.0, 0.0, d_reached=1.0, d_max=2.0, points=20001) == pytest.approx((0.5 + 1.0) / 2, abs=1e-6)
+    reached = np.linspace(0, 1, 100001)
+    assert frontier_auc(1.0, 0.0, reached, d_max=2.0, points=20001) == pytest.approx((0.5 + 1.0) / 2, abs=1e-4)
     # a run that only lost reward has the frontier of π_ref itself
-    assert frontier_auc(-1.0, 0.0, d_reached=3.0, d_max=2.0) == 0.0
+    assert frontier_auc(-1.0, 0.0, dense, d_max=2.0) == 0.0
+
+
+def test_the_fit_is_read_only_at_the_kls_a_run_reached():
+    # points at d = 0.5 and 1 of R(d) = d: F is a step function, 0 then 0.5 then 1
+    assert [frontier_at(1.0, 0.0, [0.5, 1.0], d) for d in (0.4, 0.5, 0.9, 1.0, 5.0)] == [0.0, 0.5, 0.5, 1.0, 1.0]
+    # a curve that rises and falls between two points earns nothing for its unmeasured peak
+    assert frontier_at(-104.0, 71.0, [2.6e-4, 0.226], 1.0) < 0.5 < 5 < float(gao_curve([0.085], -104.0, 71.0)[0])
 
 
 def test_a_run_is_fitted_relative_to_pi_ref_and_points_without_kl_are_left_out():
@@ -35,9 +43,10 @@ def test_a_run_is_fitted_relative_to_pi_ref_and_points_without_kl_are_left_out()
     curve.append({"env_steps": 9, "kl": math.nan, "score": 100.0, "gold": 100.0})  # e.g. a user's ctx.log(steps, score)
     out = run_frontier(curve, {"score": 2.0, "gold": 0.5}, d_max=1.0)
     assert out["gold_alpha"] == pytest.approx(1.0) and out["gold_beta"] == pytest.approx(0.0, abs=1e-12)
-    assert out["gold_auc"] == pytest.approx(0.5, abs=1e-5) and out["proxy_auc"] == pytest.approx(1.5, abs=1e-5)
+    # F: 0 on [0, 0.5), 0.5 on [0.5, 1), 1 at 1 (gold); three times that (proxy)
+    assert out["gold_auc"] == pytest.approx(0.25, abs=2e-3) and out["proxy_auc"] == pytest.approx(0.75, abs=6e-3)
     assert out["d_reached"] == 1.5
-    assert math.isnan(run_frontier(curve[:2], {"score": 0.0, "gold": 0.0}, d_max=1.0)["gold_auc"])
+    assert math.isnan(run_frontier(curve[:3], {"score": 0.0, "gold": 0.0}, d_max=1.0)["gold_auc"])  # 2 points: no fit
 
 
 def test_the_fit_refuses_too_few_points_and_negative_d():
@@ -50,7 +59,7 @@ def test_the_fit_refuses_too_few_points_and_negative_d():
 def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
     from textgym.cli import main
 
-    main(["bench", "--task", "arithmetic", "--algos", "grpo,reference", "--seeds", "0", "--budget", "128",
+    main(["bench", "--task", "arithmetic", "--algos", "grpo,reference", "--seeds", "0", "--budget", "512",
           "--num-envs", "8", "--eval-episodes", "8", "--out", str(tmp_path)])  # fmt: skip
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["env_id"] == "TextArithmetic-v0" and env["normalize_reward"] is False
@@ -66,10 +75,7 @@ def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
 
 def test_the_frontier_at_a_kl_budget_and_the_table_of_who_leads_where(tmp_path):
     from textgym.agents.benchmark import write_frontier_table
-    from textgym.agents.frontier import frontier_at
 
-    assert frontier_at(1.0, 1.0, d_reached=10.0, d=math.e, points=20001) == pytest.approx(1.0, abs=1e-6)  # the peak
-    assert frontier_at(1.0, 0.0, d_reached=1.0, d=2.0) == pytest.approx(1.0)  # no credit past the reach
     # "slow" gains 0.5·d up to d = 2 (KL 4); "fast" gains d but stops at d = 1 (KL 1)
     curve = lambda slope, reach: [{"kl": d * d, "score": 0.0, "gold": 0.1 + slope * d}  # noqa: E731
                                   for d in np.linspace(0, reach, 5)]  # fmt: skip
@@ -79,6 +85,7 @@ def test_the_frontier_at_a_kl_budget_and_the_table_of_who_leads_where(tmp_path):
     (tmp_path / "env.json").write_text(json.dumps({"frontier_kl": 4.0, "reference": {"score": 0.0, "gold": 0.1}}))
     rows = {line.split("|")[1].strip(): line for line in write_frontier_table(tmp_path).splitlines()[2:]}
     cells = lambda algo: [float(c.split("±")[0]) for c in rows[algo].split("|")[2:-1]]  # noqa: E731
-    assert cells("fast") == pytest.approx([1 / math.sqrt(2), 1.0, 1.0, 1.0], abs=1e-3)  # KL 0.5, 1, 2, 4 (3 decimals)
-    assert cells("slow") == pytest.approx([0.5 / math.sqrt(2), 0.5, 0.5 * math.sqrt(2), 1.0], abs=1e-3)
+    # KL 0.5, 1, 2, 4: the fits read at the points reached (fast: d = 0.25 ... 1, slow: d = 0.5 ... 2)
+    assert cells("fast") == pytest.approx([0.5, 1.0, 1.0, 1.0], abs=1e-3)
+    assert cells("slow") == pytest.approx([0.25, 0.5, 0.5, 1.0], abs=1e-3)
     assert (tmp_path / "frontier.md").read_text().startswith("| algorithm | gold gain at KL ≤ 0.5 |")

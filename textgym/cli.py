@@ -371,8 +371,10 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_rm_calibrate)
 
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
-    p.add_argument("--task", default=None, choices=["sentiment", "arithmetic"],
-                   help="sentiment (TextRLHF-v0) or arithmetic (TextArithmetic-v0) (default: sentiment)")  # fmt: skip
+    p.add_argument("--task", default=None, choices=["sentiment", "arithmetic", "arithmetic-proxy"],
+                   help="sentiment (TextRLHF-v0), arithmetic (TextArithmetic-v0, the verifier as reward) or "
+                   "arithmetic-proxy (its learned proxy as reward, the verifier as gold) (default: sentiment)",
+                   )  # fmt: skip
     p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: 0,1,2)")
     p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
