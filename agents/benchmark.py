@@ -63,7 +63,17 @@ from textgym.policies import LMSampler
 from .evaluate import evaluate
 from .frontier import MIN_POINTS, fit_run, frontier_at, gao_curve, gao_fit, run_frontier
 
-__all__ = ["ALGORITHMS", "BenchConfig", "RunContext", "confidence_interval", "register_algorithm", "run_benchmark"]
+__all__ = [
+    "ALGORITHMS",
+    "TASKS",
+    "BenchConfig",
+    "RunContext",
+    "confidence_interval",
+    "refit",
+    "register_algorithm",
+    "run_benchmark",
+    "write_frontier_table",
+]
 
 ALGORITHMS: dict[str, Callable[[RunContext], Callable[[Any], Any]]] = {}
 
@@ -409,13 +419,45 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             rows.append(row)
             curves[(algo, seed)] = ctx.curve
             print(json.dumps(row), flush=True)
+    (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
+    setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl,
+             "budget": cfg.budget, "eval_episodes": cfg.eval_episodes}  # fmt: skip
+    (out / "env.json").write_text(json.dumps(setup) + "\n")
+    _write_outputs(rows, curves, out, cfg, baseline)
+    return rows
+
+
+def _write_outputs(rows: list[dict], curves: dict, out: Path, cfg: BenchConfig, baseline: dict) -> None:
     _write_tables(rows, out, cfg)
     _plot_curves(curves, out)
-    _plot_frontier(curves, baseline, d_max, out, cfg.task)
-    (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
-    setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl}
-    (out / "env.json").write_text(json.dumps(setup) + "\n")
+    _plot_frontier(curves, baseline, math.sqrt(cfg.frontier_kl), out, cfg.task)
     write_frontier_table(out)
+
+
+def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
+    """Recompute the frontier columns, tables and plots of a finished benchmark from its own files.
+
+    Reads ``results.csv``, ``curves.json`` and ``env.json`` (nothing is trained or evaluated
+    again); ``frontier_kl`` moves the AUC's KL limit. For a benchmark run before a change to
+    :mod:`textgym.agents.frontier`, or to read its frontier at another KL.
+    """
+    out = Path(out)
+    setup = json.loads((out / "env.json").read_text())
+    if frontier_kl is not None:
+        setup["frontier_kl"] = frontier_kl
+        (out / "env.json").write_text(json.dumps(setup) + "\n")
+    known = {k: setup[k] for k in ("budget", "eval_episodes", "frontier_kl", "kl_coef") if k in setup}
+    with (out / "results.csv").open() as f:
+        rows = [{k: v if k == "algo" else float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    cfg = BenchConfig(task=setup["task"], algos=list(dict.fromkeys(r["algo"] for r in rows)),
+                      seeds=sorted({int(r["seed"]) for r in rows}), **known)  # fmt: skip
+    curves = {(name.split("/")[0], int(name.split("/")[1])): c
+              for name, c in json.loads((out / "curves.json").read_text()).items()}  # fmt: skip
+    for row in rows:
+        row["seed"] = int(row["seed"])
+        fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], math.sqrt(cfg.frontier_kl))
+        row.update({k: round(v, 4) for k, v in fit.items()})
+    _write_outputs(rows, curves, out, cfg, setup["reference"])
     return rows
 
 

@@ -89,3 +89,23 @@ def test_the_frontier_at_a_kl_budget_and_the_table_of_who_leads_where(tmp_path):
     assert cells("fast") == pytest.approx([0.5, 1.0, 1.0, 1.0], abs=1e-3)
     assert cells("slow") == pytest.approx([0.25, 0.5, 0.5, 1.0], abs=1e-3)
     assert (tmp_path / "frontier.md").read_text().startswith("| algorithm | gold gain at KL ≤ 0.5 |")
+
+
+def test_refit_recomputes_a_finished_benchmarks_frontier_from_its_files(tmp_path):
+    from textgym.agents.benchmark import BenchConfig, refit, run_benchmark
+    from textgym.cli import main
+
+    run_benchmark(BenchConfig(task="arithmetic", algos=["grpo"], seeds=[0, 1], budget=512, num_envs=8,
+                              eval_episodes=8, calibration_episodes=32, out=str(tmp_path)))  # fmt: skip
+    before = (tmp_path / "results.csv").read_text()
+    assert refit(tmp_path)[0]["gold_auc"] == float(next(csv.DictReader(before.splitlines()))["gold_auc"])
+    main(["bench", "--refit", str(tmp_path), "--frontier-kl", "0.25"])
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    setup = json.loads((tmp_path / "env.json").read_text())
+    with (tmp_path / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        expected = run_frontier(curves[f"grpo/{row['seed']}"], setup["reference"], d_max=0.5)["gold_auc"]
+        assert float(row["gold_auc"]) == pytest.approx(expected, abs=1e-4)
+    assert setup["frontier_kl"] == 0.25 and "KL ≤ 0.25 |" in (tmp_path / "frontier.md").read_text()
+    assert float(rows[0]["score"]) == float(next(csv.DictReader(before.splitlines()))["score"])  # eval untouched

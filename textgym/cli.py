@@ -294,7 +294,12 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
-    from textgym.agents.benchmark import ALGORITHMS, PRESETS, BenchConfig, run_benchmark
+    from textgym.agents.benchmark import ALGORITHMS, PRESETS, BenchConfig, refit, run_benchmark
+
+    if args.refit:
+        refit(args.refit, args.frontier_kl)
+        print(f"rewrote the frontier columns, tables and plots in {args.refit} from its curves.json")
+        return
 
     values = {k: v for k, v in PRESETS["quick" if args.quick else "default"].items() if v is not None}
     for name in ("task", "budget", "num_envs", "max_new_tokens", "kl_coef", "frontier_kl", "eval_episodes", "out"):
@@ -386,6 +391,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval-episodes", type=int, default=None, help="evaluation episodes (default: the preset's)")
     p.add_argument("--out", default=None, help="output folder (default: the preset's)")
     p.add_argument("--quick", action="store_true", help="a few-minute smoke preset")
+    p.add_argument("--refit", default=None, metavar="OUT", help="recompute a finished benchmark's frontier "
+                   "columns, tables and plots from its files (with --frontier-kl: at another KL limit)")  # fmt: skip
     p.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)
