@@ -81,3 +81,11 @@ def test_lora_settings_are_checked():
     with pytest.raises(ValueError, match="lora_alpha=0.0 must be a finite float > 0"):
         PPOConfig(lora_rank=4, lora_alpha=0.0)
     assert np.isclose(PPOConfig(lora_rank=4).lora_rank, 4)
+
+
+def test_a_lora_policy_folder_evaluates_as_its_merged_model(trained):
+    from textgym.agents.evaluate import evaluate
+
+    trainer, _, out = trained
+    result = evaluate(str(out / "policy"), episodes=4, num_envs=4)  # adapters merged into the base they name
+    assert np.isfinite(result["kl"][0]) and result["kl"][0] != 0.0 and result["kl_coef"] == trainer.last_beta
