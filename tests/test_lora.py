@@ -89,3 +89,17 @@ def test_a_lora_policy_folder_evaluates_as_its_merged_model(trained):
     trainer, _, out = trained
     result = evaluate(str(out / "policy"), episodes=4, num_envs=4)  # adapters merged into the base they name
     assert np.isfinite(result["kl"][0]) and result["kl"][0] != 0.0 and result["kl_coef"] == trainer.last_beta
+
+
+def test_a_critic_copied_from_the_lora_policy_body_trains_its_adapters_and_head_only(tmp_path):
+    trainer = Trainer.create(lora_cfg(tmp_path, reward_model="vader"))  # no RM backbone to share: the policy body
+    critic_names = {n for n, p in trainer.critic.named_parameters() if p.requires_grad}
+    assert critic_names and all("lora_" in n or "score" in n for n in critic_names)
+    assert any("score" in n for n in critic_names)  # the value head trains in full
+    row = trainer.iteration()
+    assert np.isfinite(row["value_loss"]) and abs(row["kl"]) < 1e-6
+    trainer.save(tmp_path)
+    resumed = Trainer.create(lora_cfg(tmp_path / "again", reward_model="vader"))
+    resumed.load(tmp_path / "checkpoint")
+    for (name, a), b in zip(trainer.critic.named_parameters(), resumed.critic.parameters()):
+        assert torch.equal(a, b), name

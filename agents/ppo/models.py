@@ -154,8 +154,10 @@ def make_critic(reward_model, policy: nn.Module, lora: tuple[int, float | None] 
         from peft import LoraConfig, get_peft_model
 
         rank, alpha = lora
-        critic = get_peft_model(critic, LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0,
-                                                   target_modules="all-linear", task_type="TOKEN_CLS"))  # fmt: skip
+        head = "score" if hasattr(critic, "score") else "classifier"  # trained in full (peft's modules_to_save)
+        config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
+                            exclude_modules=[head], task_type="TOKEN_CLS")  # fmt: skip
+        critic = get_peft_model(critic, config)
     critic.eval()
     return critic
 
