@@ -61,7 +61,7 @@ from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
 
 from .evaluate import evaluate
-from .frontier import MIN_POINTS, fit_run, frontier_at, gao_curve, gao_fit, run_frontier
+from .frontier import MIN_POINTS, fit_run, frontier_at, gao_curve, gao_fit, pool_points, run_frontier
 
 __all__ = [
     "ALGORITHMS",
@@ -399,7 +399,7 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     env_id = TASKS[cfg.task].env_id
     env_kwargs, baseline = _reference(cfg)
-    d_max = math.sqrt(cfg.frontier_kl)
+    d_max, window = math.sqrt(cfg.frontier_kl), frontier_window(cfg.max_new_tokens)
     rows, curves = [], {}
     for algo in cfg.algos:
         for seed in cfg.seeds:
@@ -410,7 +410,7 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             # evaluated in the env configuration it trained in (ctx.env_kwargs: masks included)
             result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=env_id,
                               num_envs=min(cfg.num_envs, cfg.eval_episodes), seed=1234, **ctx.env_kwargs)  # fmt: skip
-            frontier = run_frontier(ctx.curve, baseline, d_max)
+            frontier = run_frontier(ctx.curve, baseline, d_max, window)
             row = {"algo": algo, "seed": seed, "env_steps": ctx.env_steps, "train_s": round(train_s, 2),
                    "env_steps_per_s": round(ctx.env_steps / train_s, 1) if ctx.env_steps else 0.0,
                    **{k: round(v[0], 4) for k, v in result.items() if isinstance(v, tuple)},
@@ -421,16 +421,24 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             print(json.dumps(row), flush=True)
     (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
     setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl,
-             "budget": cfg.budget, "eval_episodes": cfg.eval_episodes}  # fmt: skip
+             "frontier_window": window, "budget": cfg.budget, "eval_episodes": cfg.eval_episodes}  # fmt: skip
     (out / "env.json").write_text(json.dumps(setup) + "\n")
     _write_outputs(rows, curves, out, cfg, baseline)
     return rows
 
 
+FRONTIER_EPISODES = 64  # each frontier point pools at least this many episodes at the length cap
+
+
+def frontier_window(max_new_tokens: int) -> int:
+    """Env steps each frontier point pools: ``FRONTIER_EPISODES`` episodes at the length cap."""
+    return FRONTIER_EPISODES * max_new_tokens
+
+
 def _write_outputs(rows: list[dict], curves: dict, out: Path, cfg: BenchConfig, baseline: dict) -> None:
     _write_tables(rows, out, cfg)
     _plot_curves(curves, out)
-    _plot_frontier(curves, baseline, math.sqrt(cfg.frontier_kl), out, cfg.task)
+    _plot_frontier(curves, baseline, math.sqrt(cfg.frontier_kl), frontier_window(cfg.max_new_tokens), out, cfg.task)
     write_frontier_table(out)
 
 
@@ -445,8 +453,9 @@ def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
     setup = json.loads((out / "env.json").read_text())
     if frontier_kl is not None:
         setup["frontier_kl"] = frontier_kl
-        (out / "env.json").write_text(json.dumps(setup) + "\n")
-    known = {k: setup[k] for k in ("budget", "eval_episodes", "frontier_kl", "kl_coef") if k in setup}
+    setup["frontier_window"] = frontier_window(setup["max_new_tokens"])  # this version's pooling
+    (out / "env.json").write_text(json.dumps(setup) + "\n")
+    known = {k: setup[k] for k in ("budget", "eval_episodes", "frontier_kl", "kl_coef", "max_new_tokens") if k in setup}
     with (out / "results.csv").open() as f:
         rows = [{k: v if k == "algo" else float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     cfg = BenchConfig(task=setup["task"], algos=list(dict.fromkeys(r["algo"] for r in rows)),
@@ -455,7 +464,8 @@ def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
               for name, c in json.loads((out / "curves.json").read_text()).items()}  # fmt: skip
     for row in rows:
         row["seed"] = int(row["seed"])
-        fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], math.sqrt(cfg.frontier_kl))
+        fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], math.sqrt(cfg.frontier_kl),
+                           frontier_window(cfg.max_new_tokens))  # fmt: skip
         row.update({k: round(v, 4) for k, v in fit.items()})
     _write_outputs(rows, curves, out, cfg, setup["reference"])
     return rows
@@ -465,7 +475,8 @@ def write_frontier_table(out: str | Path, fractions: tuple[float, ...] = (0.125,
     """``OUT/frontier.md`` from ``curves.json`` and ``env.json``: who leads at which KL.
 
     For each algorithm and KL budget k (fractions of ``frontier_kl``): the frontier F(√k) of its
-    Gao fit — the best gold gain over π_ref it reached within KL k — as mean ± 95 % CI over seeds.
+    Gao fit on pooled points (``frontier_window``) — the best gold gain over π_ref it reached within
+    KL k — as mean ± 95 % CI over seeds.
     Returns the table (it can be rebuilt from a finished benchmark's files).
     """
     out = Path(out)
@@ -474,8 +485,10 @@ def write_frontier_table(out: str | Path, fractions: tuple[float, ...] = (0.125,
     budgets = [setup["frontier_kl"] * f for f in fractions]
     lines = ["| algorithm | " + " | ".join(f"gold gain at KL ≤ {k:g}" for k in budgets) + " |",
              "|---" * (len(budgets) + 1) + "|"]  # fmt: skip
+    window = setup.get("frontier_window", 0)
     for algo in dict.fromkeys(name.split("/")[0] for name in curves):
-        fits = [fit_run(c, setup["reference"], "gold") for name, c in curves.items() if name.split("/")[0] == algo]
+        runs = [c for name, c in curves.items() if name.split("/")[0] == algo]
+        fits = [fit_run(c, setup["reference"], "gold", window) for c in runs]
         fits = [f for f in fits if f is not None]
         if fits:
             cells = [_cell([frontier_at(alpha, beta, d, math.sqrt(k)) for d, alpha, beta in fits]) for k in budgets]
@@ -560,26 +573,25 @@ def _plot_curves(curves: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def _frontier_points(curves: dict, algo: str, baseline: dict, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """All seeds' training points of ``algo``: d = √KL and the ``key`` reward gained over π_ref."""
-    pts = [p for (a, _), c in curves.items() if a == algo for p in c
-           if all(math.isfinite(p[k]) for k in ("kl", "score", "gold"))]  # fmt: skip
+def _frontier_points(curves: dict, algo: str, baseline: dict, key: str, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """All seeds' pooled training points of ``algo``: d = √KL and the ``key`` reward gained over π_ref."""
+    pts = [p for (a, _), c in curves.items() if a == algo for p in pool_points(c, window)]
     d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
     return d, np.array([p[key] for p in pts]) - baseline[key]
 
 
-def _plot_frontier(curves: dict, baseline: dict, d_max: float, out: Path, task: str) -> None:
-    """Proxy and gold gain against √KL: every training point, the Gao fit over all seeds, π_ref at 0."""
+def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out: Path, task: str) -> None:
+    """Proxy and gold gain against √KL: every pooled training point, the Gao fit over all seeds, π_ref at 0."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold", "gold − π_ref's")):
         for i, algo in enumerate(dict.fromkeys(a for a, _ in curves)):
-            d, r = _frontier_points(curves, algo, baseline, key)
+            d, r = _frontier_points(curves, algo, baseline, key, window)
             if np.count_nonzero(d > 0) < MIN_POINTS:
                 continue
             color = colors[i % len(colors)]
-            ax.scatter(d, r, s=6, alpha=0.35, color=color)
+            ax.scatter(d, r, s=8, alpha=0.5, color=color)
             grid = np.linspace(0, d.max(), 100)
             ax.plot(grid, gao_curve(grid, *gao_fit(d, r)), color=color, label=algo)
         ax.scatter([0], [0], marker="*", s=120, color="black", label="π_ref", zorder=5)

@@ -26,7 +26,16 @@ import math
 
 import numpy as np
 
-__all__ = ["MIN_POINTS", "fit_run", "frontier_at", "frontier_auc", "gao_curve", "gao_fit", "run_frontier"]
+__all__ = [
+    "MIN_POINTS",
+    "fit_run",
+    "frontier_at",
+    "frontier_auc",
+    "gao_curve",
+    "gao_fit",
+    "pool_points",
+    "run_frontier",
+]
 
 
 def _features(d: np.ndarray) -> np.ndarray:
@@ -73,32 +82,69 @@ def frontier_auc(alpha: float, beta: float, d_points, d_max: float, points: int 
 
 
 MIN_POINTS = 3  # points with d > 0 a fit needs: two parameters and one degree of freedom
+_KEYS = ("kl", "score", "gold")
 
 
-def fit_run(curve: list[dict], baseline: dict[str, float], key: str) -> tuple[np.ndarray, float, float] | None:
+def pool_points(curve: list[dict], window: int) -> list[dict]:
+    """Consecutive points merged until each covers ≥ ``window`` env steps (means weighted by their steps).
+
+    Why: an algorithm logs its training episodes at its own grain (our agents per batch of
+    episodes, SB3 per rollout, a few episodes for A2C); a point over a handful of episodes has a
+    noisy KL (d = √max(KL, 0) of a near-zero noisy mean is biased up) and a noisy gold, and the
+    frontier takes a maximum. Pooling to a common window gives every algorithm the same noise.
+    A remainder shorter than half a window joins the last point. ``window`` 0 keeps the points.
+    """
+    pts = sorted((p for p in curve if all(math.isfinite(p.get(k, math.nan)) for k in _KEYS)),
+                 key=lambda p: p.get("env_steps", 0))  # fmt: skip
+    if window <= 0:
+        return pts
+    groups, current, prev = [], [], 0
+    for p in pts:
+        current.append((max(p["env_steps"] - prev, 1), p))
+        prev = p["env_steps"]
+        if sum(w for w, _ in current) >= window:
+            groups.append(current)
+            current = []
+    if current:
+        if groups and sum(w for w, _ in current) < window / 2:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return [_mean_point(g) for g in groups]
+
+
+def _mean_point(group: list[tuple[int, dict]]) -> dict:
+    total = sum(w for w, _ in group)
+    merged = {k: sum(w * p[k] for w, p in group) / total for k in _KEYS}
+    return {"env_steps": group[-1][1]["env_steps"], **merged}
+
+
+def fit_run(curve: list[dict], baseline: dict[str, float], key: str,
+            window: int = 0) -> tuple[np.ndarray, float, float] | None:  # fmt: skip
     """(d of every point, α, β) of one run's ``key`` reward (``"gold"`` or ``"score"``) relative to π_ref's.
 
-    Points without a KL or reward (NaN) are left out; a run with fewer than ``MIN_POINTS`` with
-    d > 0 has no fit (None).
+    Points without a KL or reward (NaN) are left out, the rest pooled (:func:`pool_points`); a run
+    with fewer than ``MIN_POINTS`` with d > 0 has no fit (None).
     """
-    pts = [p for p in curve if all(math.isfinite(p.get(k, math.nan)) for k in ("kl", "score", "gold"))]
+    pts = pool_points(curve, window)
     d = np.sqrt(np.clip([p["kl"] for p in pts], 0.0, None))
     if np.count_nonzero(d > 0) < MIN_POINTS:
         return None
     return (d, *gao_fit(d, np.array([p[key] for p in pts]) - baseline[key]))
 
 
-def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float) -> dict[str, float]:
+def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float, window: int = 0) -> dict[str, float]:
     """Fit and AUC of one run's logged ``{"kl", "score", "gold"}`` points, rewards taken relative to π_ref's.
 
-    ``baseline`` holds π_ref's ``score`` and ``gold``. A run without a fit (:func:`fit_run`) gets
-    NaN: a run that did not train has no frontier. Returns ``gold_auc``, ``proxy_auc``,
-    ``gold_alpha``, ``gold_beta``, ``d_reached``.
+    ``baseline`` holds π_ref's ``score`` and ``gold``; ``window`` pools the points
+    (:func:`pool_points`). A run without a fit (:func:`fit_run`) gets NaN: a run that did not
+    train has no frontier. Returns ``gold_auc``, ``proxy_auc``, ``gold_alpha``, ``gold_beta``,
+    ``d_reached``.
     """
     out = {"gold_auc": math.nan, "proxy_auc": math.nan, "gold_alpha": math.nan, "gold_beta": math.nan,
            "d_reached": math.nan}  # fmt: skip
     for key, name in (("gold", "gold"), ("score", "proxy")):
-        fit = fit_run(curve, baseline, key)
+        fit = fit_run(curve, baseline, key, window)
         if fit is None:
             return out
         d, alpha, beta = fit

@@ -59,7 +59,7 @@ def test_the_fit_refuses_too_few_points_and_negative_d():
 def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
     from textgym.cli import main
 
-    main(["bench", "--task", "arithmetic", "--algos", "grpo,reference", "--seeds", "0", "--budget", "512",
+    main(["bench", "--task", "arithmetic", "--algos", "grpo,reference", "--seeds", "0", "--budget", "2048",
           "--num-envs", "8", "--eval-episodes", "8", "--out", str(tmp_path)])  # fmt: skip
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["env_id"] == "TextArithmetic-v0" and env["normalize_reward"] is False
@@ -95,7 +95,7 @@ def test_refit_recomputes_a_finished_benchmarks_frontier_from_its_files(tmp_path
     from textgym.agents.benchmark import BenchConfig, refit, run_benchmark
     from textgym.cli import main
 
-    run_benchmark(BenchConfig(task="arithmetic", algos=["grpo"], seeds=[0, 1], budget=512, num_envs=8,
+    run_benchmark(BenchConfig(task="arithmetic", algos=["grpo"], seeds=[0, 1], budget=2048, num_envs=8,
                               eval_episodes=8, calibration_episodes=32, out=str(tmp_path)))  # fmt: skip
     before = (tmp_path / "results.csv").read_text()
     assert refit(tmp_path)[0]["gold_auc"] == float(next(csv.DictReader(before.splitlines()))["gold_auc"])
@@ -105,7 +105,22 @@ def test_refit_recomputes_a_finished_benchmarks_frontier_from_its_files(tmp_path
     with (tmp_path / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     for row in rows:
-        expected = run_frontier(curves[f"grpo/{row['seed']}"], setup["reference"], d_max=0.5)["gold_auc"]
+        fit = run_frontier(curves[f"grpo/{row['seed']}"], setup["reference"], 0.5, setup["frontier_window"])
+        expected = fit["gold_auc"]
         assert float(row["gold_auc"]) == pytest.approx(expected, abs=1e-4)
     assert setup["frontier_kl"] == 0.25 and "KL ≤ 0.25 |" in (tmp_path / "frontier.md").read_text()
     assert float(rows[0]["score"]) == float(next(csv.DictReader(before.splitlines()))["score"])  # eval untouched
+
+
+def test_points_are_pooled_to_a_common_window_of_env_steps_weighted_by_their_steps():
+    from textgym.agents.frontier import pool_points
+
+    rows = ((10, 0.0, 1.0), (30, 1.0, 0.0), (40, 2.0, 1.0), (45, 4.0, 0.0), (70, 0.5, 0.5))
+    curve = [{"env_steps": s, "kl": kl, "score": 0.0, "gold": g} for s, kl, g in rows]
+    pooled = pool_points(curve, window=30)
+    # [10 + 20 steps] then [10 + 5 + 25]: weights are the steps each point covers
+    assert [p["env_steps"] for p in pooled] == [30, 70]
+    assert pooled[0]["kl"] == pytest.approx((10 * 0.0 + 20 * 1.0) / 30) and pooled[0]["gold"] == pytest.approx(1 / 3)
+    assert pooled[1]["kl"] == pytest.approx((10 * 2.0 + 5 * 4.0 + 25 * 0.5) / 40)
+    assert pool_points(curve, window=0) == curve  # no pooling
+    assert len(pool_points(curve, window=65)) == 1  # a remainder under half a window joins the last point
