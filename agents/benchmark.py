@@ -116,7 +116,7 @@ TASKS = {
                        normalize=False, frontier_kl=0.5, budget=65536, agent_lr=1e-4, agent_epochs=2),
     # the same, trained on the learned proxy of the verifier (gold stays the verifier): over-optimisation
     "arithmetic-proxy": Task("TextArithmetic-v0", max_new_tokens=4, max_prompt_tokens=8, kl_coef=0.05,
-                             normalize=True, frontier_kl=0.5, budget=65536, agent_lr=1e-4, agent_epochs=2,
+                             normalize=True, frontier_kl=4.0, budget=65536, agent_lr=1e-4, agent_epochs=2,
                              reward_model="arithmetic-proxy"),
 }  # fmt: skip
 
