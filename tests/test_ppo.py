@@ -184,20 +184,27 @@ def test_parameters_change_after_one_iteration(tmp_path):
 def test_first_minibatch_has_ratio_one_under_bf16_autocast(tmp_path):
     """log π_old is recomputed in the update's precision: sampled fp32 log-probs would differ under bf16."""
     t = Trainer.create(tiny(tmp_path, precision="bf16", num_envs=16, max_new_tokens=8, ppo_epochs=1))
-    first = {}
-    orig = t.loss.forward
+    firsts = []  # the first minibatch's diagnostics of each update
+    orig, update = t.loss.forward, t._update
 
     def spy(td):
         out = orig(td)
-        if not first:
-            first.update(ppo_diagnostics(t._last_logits[-1], td["action"], td["sample_log_prob"], td["mask"],
-                                         t.cfg.clip_epsilon))  # fmt: skip
+        if not firsts[-1]:
+            firsts[-1].update(ppo_diagnostics(t._last_logits[-1], td["action"], td["sample_log_prob"], td["mask"],
+                                              t.cfg.clip_epsilon))  # fmt: skip
         return out
 
-    t.loss.forward = spy
-    row = t.iteration()
-    assert row["logprob_mismatch"] > 1e-3, "bf16 and fp32 log-probs should differ, else the test shows nothing"
-    assert first["clip_fraction"] == 0.0 and first["approx_kl"] < 1e-6, first
+    def each_update(*args):
+        firsts.append({})
+        return update(*args)
+
+    t.loss.forward, t._update = spy, each_update
+    rows = [t.iteration() for _ in range(2)]
+    assert all(r["logprob_mismatch"] > 1e-3 for r in rows), (
+        "bf16 and fp32 log-probs should differ, else the test shows nothing"
+    )
+    for first in firsts:
+        assert first["clip_fraction"] == 0.0 and first["approx_kl"] < 1e-6, firsts
 
 
 @pytest.mark.parametrize("kl_penalty", ["k2_loss", "k3_loss"])

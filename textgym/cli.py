@@ -196,6 +196,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from textgym.agents.ppo import train  # imports TorchRL: only when training
 
     history = train(cfg, overwrite=args.overwrite)
+    if os.environ.get("RANK", "0") != "0":
+        return  # under torchrun rank 0 reports (and wrote the run)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
     print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")

@@ -86,6 +86,20 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 matmuls in hardware: CUDA with bf16, or a CPU with AVX-512 BF16 or AMX.
+
+    Why it decides ``precision="auto"``: there bf16 autocast roughly doubles matmul throughput; on a
+    CPU without those instructions bf16 is emulated and slower than fp32.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own checks (private API)
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
 def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     """``None`` → float32; strings ``"float32"``, ``"float16"``, ``"bfloat16"`` or a torch dtype."""
     if dtype is None:

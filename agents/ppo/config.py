@@ -22,7 +22,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, aft
 # Every other field defines the run (models, env, seed, algorithm): a change is refused.
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
-               "eval_episodes")  # fmt: skip
+               "eval_episodes", "ray_address")  # fmt: skip
 
 
 @dataclass
@@ -40,7 +40,7 @@ class PPOConfig:
         group_size: G, episodes per prompt for ``grpo``/``rloo`` (``num_envs`` holds
             ``num_envs / G`` groups).
         seed: seeds the env, the sampling and the model initialisation.
-        device: ``auto``, ``cpu`` or ``cuda`` (bf16 autocast on CUDA).
+        device: ``auto``, ``cpu`` or ``cuda`` (see ``precision``).
         out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
             ``RESUME_APPLIED`` fields may change (applied from the resumed iteration on), ``RESUME_FREE``
@@ -70,9 +70,10 @@ class PPOConfig:
             per-token reverse KL(π_ref‖π)). A loss-side β weighs a per-token mean beside whitened
             advantages, a reward-side β a sum inside the returns: the same β is not the same
             strength across modes.
-        precision: ``auto`` (bf16 autocast on CUDA, fp32 on CPU), ``fp32`` or ``bf16`` (autocast
-            for the rollout's and the update's forwards; fp32 weights, optimizer state, logits
-            and log-softmax; log π_old is recomputed in the update's precision).
+        precision: ``auto`` (bf16 where the device computes it natively: CUDA, or a CPU with AVX-512 BF16
+            or AMX; else fp32), ``fp32`` or ``bf16`` (autocast for the policy's rollout forwards and the
+            update's forwards; fp32 weights, optimizer state, logits and log-softmax; log π_old is recomputed
+            in the update's precision; π_ref and the reward model in the env stay in their own precision).
         temperature: sampling temperature of the rollout (and of the update's log-probs).
         top_k: sample among the k most likely tokens only (None: all); the update's log-probs use the same
             truncated distribution, so the first ratio stays 1.
@@ -105,6 +106,13 @@ class PPOConfig:
         eval_every: iterations between evaluations on the held-out eval prompts (0: never); the results join
             that iteration's metrics as ``eval_*``.
         eval_episodes: episodes per evaluation.
+        num_workers: K > 0 collects each rollout on K Ray actors, each with its own env (π_ref and the reward
+            model) over num_envs / K of the slots and a policy copy loaded from one ``ray.put`` of the weights per
+            iteration; 0 collects in this process. Same seed and K give the same run (``pip install textgym[ray]``).
+        ray_address: the Ray cluster the workers join (``ray start --head`` prints it; ``auto``: the one this node
+            belongs to); None starts an embedded local cluster.
+        async_rollout: with num_workers > 0, the workers collect iteration i+1 with the weights of iteration i
+            while the learner updates (one-step off-policy: the ratio uses the sampling policy's log-probs).
     """
 
     total_episodes: int = 4096
@@ -155,6 +163,9 @@ class PPOConfig:
     num_samples: int = 4
     eval_every: int = 0
     eval_episodes: int = 64
+    num_workers: int = 0
+    ray_address: str | None = None
+    async_rollout: bool = False
     num_iterations: int = field(init=False)
     minibatch_size: int = field(init=False)
 
@@ -226,6 +237,21 @@ class PPOConfig:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
         if self.early_stop_kl is not None and not (math.isfinite(self.early_stop_kl) and self.early_stop_kl > 0):
             raise ValueError(f"early_stop_kl={self.early_stop_kl!r} must be a finite float > 0 or None (never stop)")
+        self._check_workers()
+
+    def _check_workers(self) -> None:
+        """Ray rollout workers: a count that gives every worker a slot, and settings that need workers."""
+        k = self.num_workers
+        if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= self.num_envs:
+            raise ValueError(f"num_workers={k!r} must be an int in [0, num_envs={self.num_envs}] (0: in process)")
+        if self.ray_address is not None and (not isinstance(self.ray_address, str) or not self.ray_address):
+            raise ValueError(f"ray_address={self.ray_address!r} must be a non-empty str or None (a local cluster)")
+        if self.ray_address is not None and k == 0:
+            raise ValueError(f"ray_address={self.ray_address!r} is set but num_workers=0 collects in process; "
+                             "give num_workers >= 1 to use the cluster")  # fmt: skip
+        if self.async_rollout and k == 0:
+            raise ValueError("async_rollout=True needs num_workers >= 1 (got num_workers=0): the rollout overlaps "
+                             "the update only when other processes collect it")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}

@@ -195,8 +195,7 @@ def make_loss(
         actor,
         value,
         clip_epsilon=clip_epsilon,
-        entropy_bonus=True,
-        entropy_coeff=0.0,  # the KL penalty is in the reward; entropy is only reported
+        entropy_bonus=False,  # the KL penalty regularises; entropy is reported (ppo_diagnostics), not a graph to build
         critic_coeff=critic_coef if critic is not None else None,
         loss_critic_type="l2",
         clip_value=clip_value if critic is not None else None,

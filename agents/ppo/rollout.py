@@ -12,7 +12,14 @@ from torchrl.objectives.value.functional import generalized_advantage_estimate
 
 from textgym.functional import masked_mean, masked_whiten
 
-__all__ = ["compute_advantages", "explained_variance", "group_advantages", "per_token_rewards", "sequence_batch"]
+__all__ = [
+    "compute_advantages",
+    "explained_variance",
+    "group_advantages",
+    "per_token_rewards",
+    "sequence_batch",
+    "trim_columns",
+]
 
 PER_TOKEN_KEYS = ("action", "sample_log_prob", "ref_logprob", "env_reward", "mask")
 
@@ -29,6 +36,23 @@ def sequence_batch(episodes: TensorDict) -> TensorDict:
     data["sequence"] = seq.unsqueeze(1).expand(B, T, seq.shape[-1])  # (B, T, L)
     data["sequence_mask"] = seq_mask.unsqueeze(1).expand(B, T, seq.shape[-1])
     return TensorDict(data, batch_size=[B, T])
+
+
+def trim_columns(data: TensorDict, prompt_len: int) -> TensorDict:
+    """``data`` cut to its longest response: T' = max valid tokens of a row, L' = ``prompt_len`` + T'.
+
+    Why: the columns past every row's end are padding in every row, yet a forward and backward
+    over them cost as much as over real tokens. Causal attention makes the kept logits and values
+    exactly those of the full width. The sequence view is sliced, not copied.
+    """
+    T = data.batch_size[1]
+    width = max(int(data["mask"].sum(1).max()), 1)
+    if width == T:
+        return data
+    out = data[:, :width]
+    out["sequence"] = data["sequence"][:, :width, : prompt_len + width]
+    out["sequence_mask"] = data["sequence_mask"][:, :width, : prompt_len + width]
+    return out
 
 
 def per_token_rewards(

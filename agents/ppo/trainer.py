@@ -23,7 +23,7 @@ import torch
 import textgym  # noqa: F401  (registers TextRLHF-v0)
 from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
-from textgym.models import resolve_device
+from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler, truncate_logits
 from textgym.utils import (
     link_files,
@@ -35,6 +35,7 @@ from textgym.utils import (
 )
 
 from ..evaluate import RUN_INFO
+from . import distributed
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
 from .kl import make_kl_controller
 from .models import (
@@ -47,7 +48,14 @@ from .models import (
     ppo_diagnostics,
     trainable,
 )
-from .rollout import compute_advantages, explained_variance, group_advantages, per_token_rewards, sequence_batch
+from .rollout import (
+    compute_advantages,
+    explained_variance,
+    group_advantages,
+    per_token_rewards,
+    sequence_batch,
+    trim_columns,
+)
 
 __all__ = ["Trainer", "train"]
 
@@ -74,6 +82,8 @@ class Trainer:
     lr_factor: Any = None  # iteration -> learning-rate multiplier (warmup, then the schedule's decay)
     env_overrides: dict = field(default_factory=dict)  # gym.make arguments beyond the config's (the benchmark's)
     last_episodes: Any = None  # the last rollout's episodes (for the logged samples)
+    pool: Any = None  # the Ray rollout workers (num_workers > 0; rank 0 only)
+    pending: Any = None  # async_rollout: the next iteration's rollout, collecting while this one updates
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -83,24 +93,19 @@ class Trainer:
         ``env_overrides``: further ``gym.make`` arguments no config field carries (the benchmark's
         ``normalize_reward=(mean, std)`` and prompt block), applied over ``cfg.env_kwargs()``.
         """
-        device = resolve_device(cfg.device)
+        device = distributed.init(resolve_device(cfg.device))  # under torchrun: this rank's device
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        envs = gym.make_vec(
-            cfg.env_id,
-            num_envs=cfg.num_envs,
-            vectorization_mode="vector_entry_point",
-            autoreset_mode="disabled",  # one complete episode per slot (collect_episodes)
-            device=device,
-            **{**cfg.env_kwargs(), **(env_overrides or {})},
-        )
+        envs = make_envs(cfg, cfg.num_envs, device, env_overrides)
         base = envs.unwrapped
         lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
         policy = make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
         critic = make_critic(base.reward_model, policy, lora) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
-        loss, actor_logits = make_loss(policy, critic, base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon,
-                                       cfg.clip_value, cfg.critic_coef)  # fmt: skip
+        # under torchrun the loss calls the models through DDP (gradients all-reduced); saved are the bare ones
+        loss, actor_logits = make_loss(distributed.wrap(policy, device), distributed.wrap(critic, device),
+                                       base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon, cfg.clip_value,
+                                       cfg.critic_coef)  # fmt: skip
         groups = [{"params": trainable(policy), "lr": cfg.learning_rate}]
         if critic is not None:
             groups.append({"params": trainable(critic), "lr": cfg.critic_learning_rate})
@@ -116,12 +121,20 @@ class Trainer:
             # the update's teacher-forced logits get the sampler's truncation (this hook runs first): ratio 1 at start
             actor_logits.register_forward_hook(lambda module, inputs, out: truncate_logits(out, cfg.top_k, cfg.top_p))
         actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
+        if cfg.num_workers and distributed.is_main():  # rank 0 collects every rollout
+            from .ray_rollout import RolloutPool
+
+            trainer.pool = RolloutPool(cfg, trainer.env_overrides, device, bf16=trainer.bf16)
         return trainer
 
+    @property
+    def bf16(self) -> bool:
+        """Whether the forwards run under bf16 autocast: ``precision="bf16"``, or ``auto`` on native-bf16 hardware."""
+        return self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and native_bf16(self.device))
+
     def autocast(self):
-        """bf16 autocast for the forwards when ``precision`` asks (``auto``: on CUDA only)."""
-        bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and self.device.type == "cuda")
-        return torch.autocast(self.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        """bf16 autocast for the forwards when ``precision`` asks (``auto``: where the device has native bf16)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ one iteration
     def iteration(self, num_episodes: int | None = None) -> dict[str, float]:
@@ -137,15 +150,16 @@ class Trainer:
         if seed is not None and cfg.algo != "ppo":  # seed the slots' prompt RNGs before groups draw from them
             self.envs.reset(seed=seed)
             seed = None
-        episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, autocast=self.autocast,
-                                    seed=seed, prompts=self._group_prompts(num_episodes), timing=timing)  # fmt: skip
+        episodes = self._collect(num_episodes, seed, timing)
         self.last_episodes = episodes
-        data = sequence_batch(episodes).to(self.device)
+        data = trim_columns(sequence_batch(episodes), base.max_prompt_tokens).to(self.device)
 
         # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
         sampled = data["sample_log_prob"]
         data["sample_log_prob"] = self._old_logprobs(data)
         mismatch = ((data["sample_log_prob"] - sampled).abs() * data["mask"]).max().item()
+        if cfg.async_rollout:  # one step off-policy: π_old is the policy that sampled (mismatch: how far it lags)
+            data["sample_log_prob"] = sampled
 
         # -- per-token KL-penalised rewards; advantages by GAE over the critic (PPO) or by groups
         in_reward = beta if cfg.kl_penalty == "k1_reward" else 0.0
@@ -186,6 +200,53 @@ class Trainer:
             "time_advantage": t1 - t0 - timing["seconds"],
             "time_update": t2 - t1,
         }
+
+    def _collect(self, num_episodes: int | None, seed: int | None, timing: dict[str, float]):
+        """The rollout's complete episodes, collected on rank 0 and handed to every rank of a torchrun learner.
+
+        In this process (``collect_episodes`` on its env and policy) or on the Ray workers (``num_workers``),
+        either waiting for them or (``async_rollout``) taking the rollout they collected during the last update.
+        """
+        episodes = None
+        if distributed.is_main():
+            if self.pool is None:
+                episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, seed=seed,
+                                            autocast=self.autocast, prompts=self._group_prompts(num_episodes),
+                                            timing=timing)  # fmt: skip
+            elif self.cfg.async_rollout:
+                episodes = self._collect_async(num_episodes, seed, timing)
+            else:
+                rollout = self._launch(num_episodes, seed)
+                episodes = self.pool.gather(rollout)
+                timing.update(rollout.timing)
+        episodes, shared = distributed.broadcast_object((episodes, dict(timing)))
+        timing.update(shared)
+        return episodes
+
+    def _launch(self, num_episodes: int | None, seed: int | None):
+        """Start the Ray workers on a rollout with the current weights and β (GRPO/RLOO: the learner's prompts)."""
+        return self.pool.launch(self.policy, self.last_beta, num_episodes, self._group_prompts(num_episodes), seed)
+
+    def _collect_async(self, num_episodes: int | None, seed: int | None, timing: dict[str, float]):
+        """One-step asynchronous rollout: the episodes the workers collected with the last iteration's weights;
+        the next iteration's rollout starts now, with this iteration's weights, and runs during the update.
+
+        Raises:
+            ValueError: ``num_episodes`` is not the whole batch (the next rollout is sized before it is asked for).
+        """
+        if num_episodes not in (None, self.cfg.num_envs):
+            raise ValueError(f"num_episodes={num_episodes} with async_rollout=True: the rollout collected ahead is "
+                             f"num_envs={self.cfg.num_envs} episodes; pass None or turn async_rollout off")  # fmt: skip
+        start = time.perf_counter()
+        rollout = self.pending if self.pending is not None else self._launch(None, seed)
+        self.pending = None
+        episodes = self.pool.gather(rollout)  # waits only for what the last update did not cover
+        # the env paid β_then·log π_ref per token; the reward contract r_t = β·log π_ref (+ score) at this β:
+        episodes["env_reward"] = episodes["env_reward"] + (self.last_beta - rollout.beta) * episodes["ref_logprob"]
+        if self.iteration_done + 1 < self.cfg.num_iterations:
+            self.pending = self._launch(None, None)
+        timing.update(seconds=time.perf_counter() - start, policy_seconds=rollout.timing["policy_seconds"])
+        return episodes
 
     def _group_prompts(self, num_episodes: int | None) -> list[str] | None:
         """GRPO/RLOO: one prompt per group of G consecutive slots (drawn with the group's first slot RNG)."""
@@ -244,7 +305,8 @@ class Trainer:
             order = torch.randperm(batch, generator=gen)
             epoch_kl = []
             for rows in torch.tensor_split(order, min(cfg.num_minibatches, batch)):
-                diag = self._minibatch_step(data[rows.to(self.device)], beta)
+                mb = trim_columns(data[rows.to(self.device)], self.envs.unwrapped.max_prompt_tokens)
+                diag = self._minibatch_step(mb, beta)
                 n_updates += 1
                 epoch_kl.append(diag["approx_kl"])
                 for key, value in diag.items():
@@ -255,17 +317,22 @@ class Trainer:
         return {**{k: v / n_updates for k, v in sums.items()}, "ppo_epochs_run": epochs_run, "learning_rate": lr}
 
     def _minibatch_step(self, mb, beta: float) -> dict[str, float]:
-        """One optimizer step on a minibatch; returns its diagnostics over valid tokens."""
+        """One optimizer step on a minibatch; returns its diagnostics over valid tokens.
+
+        Under torchrun each rank computes on its share of the rows (:mod:`.distributed`): its loss is
+        scaled so that DDP's average of the ranks' gradients is the gradient of the whole minibatch.
+        """
         cfg = self.cfg
+        mb, weight = self._rank_share(mb)
         self._last_logits.clear()
         with self.autocast():
             out = self.loss(mb)
-        total = out["loss_objective"] + out.get("loss_critic", 0.0) + out["loss_entropy"]
+        total = out["loss_objective"] + out.get("loss_critic", 0.0)
         if cfg.kl_penalty != "k1_reward":
             out["loss_kl"] = self._kl_loss(mb, beta)
             total = total + out["loss_kl"]
         self.optimizer.zero_grad(set_to_none=True)
-        total.backward()
+        (total * weight * distributed.world()[1]).backward()  # token-masked means: weight x W, 1 in one process
         torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
@@ -278,7 +345,15 @@ class Trainer:
             diag["value_loss"] = out["loss_critic"].item()
         if "loss_kl" in out:
             diag["kl_loss"] = out["loss_kl"].item()
-        return diag
+        return distributed.mean_over_ranks(diag, weight)
+
+    def _rank_share(self, mb):
+        """This rank's rows of the minibatch and their share of its valid tokens (all of it in one process)."""
+        rows, world_size = distributed.rank_share(mb.batch_size[0])
+        if world_size == 1:
+            return mb, 1.0
+        share = mb[rows]
+        return share, float(share["mask"].sum()) / float(mb["mask"].sum())
 
     def _set_learning_rates(self) -> float:
         """Put this iteration's rates on the schedule into the optimizer; returns the policy's."""
@@ -286,6 +361,14 @@ class Trainer:
         for group, lr in zip(self.optimizer.param_groups, (self.cfg.learning_rate, self.cfg.critic_learning_rate)):
             group["lr"] = lr * factor
         return self.cfg.learning_rate * factor
+
+    def close(self) -> None:
+        """Close the env and end the Ray workers (and the local Ray cluster the run started)."""
+        self.pending = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        self.envs.close()
 
     # ------------------------------------------------------------------ samples and evaluation
     def samples(self) -> list[dict[str, Any]]:
@@ -352,8 +435,24 @@ class Trainer:
             model.save_pretrained(folder / name)
         tensors = {"optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
                    "sampler_rng": self.sampler.generator.get_state()}  # fmt: skip
-        torch.save(tensors, folder / STATE_TENSORS)
-        (folder / STATE_JSON).write_text(json.dumps(self._state(), indent=1) + "\n")
+        workers_json, workers_tensors = self._workers_state()
+        torch.save({**tensors, **workers_tensors}, folder / STATE_TENSORS)
+        (folder / STATE_JSON).write_text(json.dumps({**self._state(), **workers_json}, indent=1) + "\n")
+
+    def _workers_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """With Ray workers: the RNG states their next shares start from (JSON: the slots'; tensors: the samplers');
+        with ``async_rollout`` also the rollout already collected for the next iteration, and its β."""
+        if self.pool is None:
+            return {}, {}
+        from .ray_rollout import episodes_to_state
+
+        tensors = {}
+        if self.pending is not None:  # gathered first: the workers' RNG states are those after it
+            tensors["pending_episodes"] = episodes_to_state(self.pool.gather(self.pending))
+        env_states, sampler_states = self.pool.state()
+        tensors["worker_sampler_rng"] = sampler_states
+        extra = {"pending_beta": self.pending.beta} if self.pending is not None else {}
+        return {"worker_env_rng": env_states, **extra}, tensors
 
     def _state(self) -> dict[str, Any]:
         """Counters, KL controller, config and the RNG states as plain JSON (numpy's key array as a list)."""
@@ -401,6 +500,33 @@ class Trainer:
         self.envs.unwrapped.set_rng_state(state["env_rng"])
         self.iteration_done = state["iteration"]
         self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
+        if self.pool is not None:
+            self._load_workers_state(ckpt, state, tensors)
+
+    def _load_workers_state(self, ckpt: Path, state: dict[str, Any], tensors: dict[str, Any]) -> None:
+        """The Ray workers' RNG states (and the rollout collected ahead) from ``ckpt``; see :meth:`_workers_state`."""
+        from .ray_rollout import Rollout, episodes_from_state
+
+        if "worker_env_rng" not in state or "worker_sampler_rng" not in tensors:
+            raise ValueError(f"checkpoint {ckpt} holds no rollout-worker RNG states (saved with num_workers=0); "
+                             f"this run has num_workers={self.cfg.num_workers}")  # fmt: skip
+        self.pool.load_state(state["worker_env_rng"], tensors["worker_sampler_rng"])
+        self.pending = None
+        if "pending_episodes" in tensors:
+            episodes = episodes_from_state(tensors["pending_episodes"])
+            self.pending = Rollout([], None, state["pending_beta"], 0.0, episodes, {"policy_seconds": 0.0})
+
+
+def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict[str, Any] | None = None):
+    """The native vector env of ``cfg`` with ``num_envs`` slots (the learner's, or a rollout worker's share)."""
+    return gym.make_vec(
+        cfg.env_id,
+        num_envs=num_envs,
+        vectorization_mode="vector_entry_point",
+        autoreset_mode="disabled",  # one complete episode per slot (collect_episodes)
+        device=device,
+        **{**cfg.env_kwargs(), **(env_overrides or {})},
+    )
 
 
 def lr_schedule(cfg: PPOConfig):
@@ -695,17 +821,23 @@ def _sample_iteration(line: str) -> int:
 
 
 def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[dict[str, float]]]:
-    """Open the run folder, build the trainer (loading the checkpoint on resume), write the kept metrics and config."""
-    history = _open_run_folder(out, cfg, overwrite)
+    """Open the run folder, build the trainer (loading the checkpoint on resume), write the kept metrics and config.
+
+    Under torchrun rank 0 decides about the folder and writes; every rank builds its trainer and
+    reads the checkpoint (one machine, or ``out`` on a file system every node sees).
+    """
+    main = distributed.is_main()
+    history = distributed.on_main(lambda: _open_run_folder(out, cfg, overwrite))
     trainer = Trainer.create(cfg)
     if history is not None:
         trainer.load(out / "checkpoint")
-    elif overwrite:
+    elif overwrite and main:
         _clear_run(out)  # only now that the new run's models have loaded
     history = history or []
-    _keep_samples(out, trainer.iteration_done)
-    write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
-    write_text_atomically(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
+    if main:
+        _keep_samples(out, trainer.iteration_done)
+        write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+        write_text_atomically(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     return trainer, history
 
 
@@ -714,35 +846,51 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
 
     The run folder is locked while training (a second trainer fails at once). An existing run is
     continued only with ``cfg.resume`` and replaced only with ``overwrite``; see
-    :func:`check_resume_config` for what a resume may change.
+    :func:`check_resume_config` for what a resume may change. Started by torchrun, every rank
+    trains (:mod:`.distributed`) and rank 0 alone locks the folder and writes to it.
     """
     from torch.utils.tensorboard import SummaryWriter
     from tqdm.auto import tqdm
 
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with lock_folder(out, "out"):
+    joined = not distributed.initialized()
+    distributed.init(resolve_device(cfg.device))
+    main = distributed.is_main()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    with lock_folder(out, "out") if main else contextlib.nullcontext():
         trainer, history = _start(out, cfg, overwrite)
-        writer = SummaryWriter(str(out / "tensorboard"))
-        bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo", disable=not cfg.progress)
+        writer = SummaryWriter(str(out / "tensorboard")) if main else None
+        bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo",
+                   disable=not (cfg.progress and main))  # fmt: skip
         try:
             while trainer.iteration_done < cfg.num_iterations:
                 row = trainer.iteration()
-                if cfg.eval_every and trainer.iteration_done % cfg.eval_every == 0:
-                    row.update(trainer.evaluate())
-                if cfg.samples_every and trainer.iteration_done % cfg.samples_every == 0:
-                    _log_samples(out, writer, trainer.samples())
+                if main:
+                    _record(out, trainer, writer, bar, row)
                 history.append(row)
-                with (out / METRICS).open("a") as f:
-                    f.write(json.dumps(row) + "\n")
-                _log_row(writer, bar, row)
-                last = trainer.iteration_done == cfg.num_iterations
-                if last:
-                    bar.close()  # its final line once, before anything the last save prints
-                if last or trainer.iteration_done % cfg.checkpoint_every == 0:
-                    trainer.save(out)
         finally:
             bar.close()
-            writer.close()
-            trainer.envs.close()
+            if writer is not None:
+                writer.close()
+            trainer.close()
+            if joined:
+                distributed.leave()
     return history
+
+
+def _record(out: Path, trainer: Trainer, writer, bar, row: dict[str, float]) -> None:
+    """Rank 0's part of an iteration: evaluation, samples, the metrics row, TensorBoard, the checkpoint."""
+    cfg = trainer.cfg
+    if cfg.eval_every and trainer.iteration_done % cfg.eval_every == 0:
+        row.update(trainer.evaluate())
+    if cfg.samples_every and trainer.iteration_done % cfg.samples_every == 0:
+        _log_samples(out, writer, trainer.samples())
+    with (out / METRICS).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    _log_row(writer, bar, row)
+    last = trainer.iteration_done == cfg.num_iterations
+    if last:
+        bar.close()  # its final line once, before anything the last save prints
+    if last or trainer.iteration_done % cfg.checkpoint_every == 0:
+        trainer.save(out)

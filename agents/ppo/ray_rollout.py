@@ -1,0 +1,350 @@
+"""Rollout workers on Ray: K actors, each with its own TextRLHF vector env and a copy of the policy.
+
+Each iteration the learner puts the policy's trained weights into the object store once
+(``ray.put``); every worker loads them, runs :func:`textgym.episodes.collect_episodes` (the one
+episode loop) on its share of the slots, and returns its episodes as a TensorDict; the learner
+concatenates the shares in slot order. π_ref and the reward model live in the workers' envs.
+
+Why the layout makes K workers behave like one process:
+
+- slot s of the run is slot s − start of the worker that owns it, and a seeded reset seeds it with
+  ``seed + s`` as the in-process env would: the same prompts whatever K;
+- each worker samples with its own generator, seeded from ``(seed, worker index)``;
+- every RNG a collection draws from (the slots' prompt RNGs and the sampler's generator) travels
+  *with the call*: the learner sends the state a share starts from and keeps the state it ends
+  in. A worker that dies mid-iteration is replaced and its share collected again from the same
+  state with the same weights: the same episodes, none lost and none counted twice; and the
+  states go into the checkpoint, so ``--resume`` is exact.
+
+Ray is optional (``pip install 'textgym[ray]'``) and imported only here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from .config import PPOConfig
+
+__all__ = ["Rollout", "RolloutPool", "RolloutWorker", "episodes_from_state", "episodes_to_state", "pack_weights",
+           "slot_shares", "unpack_weights", "worker_seed"]  # fmt: skip
+
+MAX_REPLACEMENTS = 3  # per worker and iteration: a worker that keeps dying is a bug to report, not to retry
+
+
+def slot_shares(num_envs: int, num_workers: int) -> list[range]:
+    """The run's slots each worker owns: contiguous, in order, sizes differing by at most one."""
+    bounds = [round(i * num_envs / num_workers) for i in range(num_workers + 1)]
+    return [range(bounds[i], bounds[i + 1]) for i in range(num_workers)]
+
+
+def worker_seed(seed: int, index: int) -> int:
+    """The sampling seed of worker ``index``: derived from the run seed, distinct per worker."""
+    return int(np.random.SeedSequence([seed, index]).generate_state(1)[0])
+
+
+# ---------------------------------------------------------------------- weights through the object store
+def pack_weights(model: torch.nn.Module) -> dict[str, Any]:
+    """The trained state of ``model`` as numpy arrays (Ray hands them to every worker on a node zero-copy).
+
+    Only what trains travels: a LoRA policy's adapters, else every weight once (a tied embedding
+    and head are one tensor, sent once). bf16 tensors travel as their int16 bits.
+    """
+    from .trainer import _expected_weights
+
+    arrays, dtypes, seen = {}, {}, set()
+    for key, tensor in _expected_weights(model).items():
+        if tensor.data_ptr() in seen:  # tied: the worker's own tie fills it
+            continue
+        seen.add(tensor.data_ptr())
+        tensor = tensor.detach().cpu()
+        if tensor.dtype == torch.bfloat16:
+            tensor, dtypes[key] = tensor.view(torch.int16), "bfloat16"
+        arrays[key] = tensor.numpy()
+    return {"arrays": arrays, "dtypes": dtypes}
+
+
+def unpack_weights(model: torch.nn.Module, packed: dict[str, Any]) -> None:
+    """Load :func:`pack_weights`' output into ``model`` (the same architecture); strict about every key."""
+    from .trainer import _expected_weights, _load_weights, _tied_groups
+
+    weights = {}
+    with warnings.catch_warnings():  # the object store's memory is read-only: load_state_dict copies from it
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        for key, array in packed["arrays"].items():
+            tensor = torch.from_numpy(array)
+            weights[key] = tensor.view(torch.bfloat16) if packed["dtypes"].get(key) == "bfloat16" else tensor
+    expected = _expected_weights(model)
+    for group in _tied_groups(model):
+        present = [k for k in group if k in weights]
+        for key in group if present else ():
+            weights.setdefault(key, weights[present[0]])
+    missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
+    if missing or unexpected:
+        raise ValueError(f"policy weights do not fit the worker's policy: missing {sorted(missing)[:4]}, "
+                         f"unexpected {sorted(unexpected)[:4]}")  # fmt: skip
+    _load_weights(model, weights)
+
+
+def episodes_to_state(episodes: TensorDict) -> dict[str, Any]:
+    """``episodes`` as tensors and lists of str (what ``torch.load(weights_only=True)`` reads back)."""
+    text = ("prompt", "response")
+    return {**episodes.exclude(*text).to_dict(), **{k: list(episodes[k]) for k in text}}
+
+
+def episodes_from_state(state: dict[str, Any]) -> TensorDict:
+    """The inverse of :func:`episodes_to_state`."""
+    from tensordict import NonTensorStack
+
+    tensors = {k: v for k, v in state.items() if torch.is_tensor(v)}
+    batch = len(state["prompt"])
+    episodes = TensorDict(tensors, batch_size=[batch])
+    for key in ("prompt", "response"):
+        episodes[key] = NonTensorStack.from_list(list(state[key]))
+    return episodes
+
+
+# ---------------------------------------------------------------------- the worker (a Ray actor)
+class RolloutWorker:
+    """One rollout worker: a TextRLHF vector env over its share of the slots and a policy copy.
+
+    Args:
+        config: the run's ``PPOConfig`` as a dict.
+        env_overrides: ``gym.make`` arguments beyond the config's (as ``Trainer.create`` takes them).
+        index: the worker's index (seeds its sampler with :func:`worker_seed`).
+        num_slots: its env's ``num_envs``.
+        bf16: sample under bf16 autocast (the learner's decision: one precision for the whole run).
+    """
+
+    def __init__(self, config: dict[str, Any], env_overrides: dict[str, Any], index: int, num_slots: int,
+                 bf16: bool):  # fmt: skip
+        from textgym.models import resolve_device
+        from textgym.policies import LMSampler
+
+        from .models import make_actor, make_lora_actor
+        from .trainer import make_envs
+
+        cfg = PPOConfig(**config)
+        device = resolve_device(cfg.device)
+        torch.set_num_threads(_assigned_cpus())  # as many torch threads as CPUs Ray gave it: no oversubscription
+        self.envs = make_envs(cfg, num_slots, device, env_overrides)
+        base = self.envs.unwrapped
+        lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
+        self.policy = make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
+        self.policy.requires_grad_(False)  # sampling only
+        generator = torch.Generator(device=device).manual_seed(worker_seed(cfg.seed, index))
+        self.sampler = LMSampler.for_env(self.policy, self.envs, temperature=cfg.temperature, generator=generator,
+                                         top_k=cfg.top_k, top_p=cfg.top_p)  # fmt: skip
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else _no_autocast
+        self.version = -1  # the weights version loaded
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def rng_state(self) -> dict[str, Any]:
+        """The slots' prompt RNG states and the sampler's generator state."""
+        return {"env": self.envs.unwrapped.rng_state(), "sampler": self.sampler.generator.get_state()}
+
+    def collect(
+        self,
+        weights: dict[str, Any],
+        version: int,
+        beta: float,
+        num_episodes: int,
+        prompts: list[str] | None,
+        seed: int | None,
+        rng: dict[str, Any],
+    ) -> tuple[TensorDict, dict, dict]:
+        """Complete episodes on the first ``num_episodes`` slots, from RNG state ``rng`` with policy ``weights``.
+
+        Returns:
+            The episodes (``collect_episodes``' layout), its timing, and the RNG state it ends in.
+        """
+        from textgym.episodes import collect_episodes
+
+        start = time.perf_counter()
+        if version != self.version:
+            unpack_weights(self.policy, weights)
+            self.version = version
+        load_seconds = time.perf_counter() - start
+        self.envs.unwrapped.set_rng_state(rng["env"])
+        self.sampler.generator.set_state(rng["sampler"])
+        self.envs.unwrapped.kl_coef = beta
+        timing: dict[str, float] = {}
+        episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, prompts=prompts, seed=seed,
+                                    autocast=self.autocast, timing=timing)  # fmt: skip
+        timing["load_seconds"] = load_seconds
+        return episodes, timing, self.rng_state()
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _assigned_cpus() -> int:
+    """The CPUs Ray assigned to this actor (1 outside Ray)."""
+    import ray
+
+    if not ray.is_initialized():
+        return 1
+    return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+
+
+def _no_autocast():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------- the pool (learner side)
+@dataclass
+class _Share:
+    """One worker's part of a rollout: its call's arguments (kept to call again) and its result."""
+
+    worker: int
+    args: tuple
+    ref: Any = None
+    result: Any = None
+    attempts: int = 0
+
+
+@dataclass
+class Rollout:
+    """A rollout in flight on the workers; :meth:`RolloutPool.gather` turns it into episodes."""
+
+    shares: list[_Share]
+    weights: Any  # the ObjectRef of the weights (kept alive until every share is back)
+    beta: float
+    started: float
+    episodes: TensorDict | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+
+
+class RolloutPool:
+    """K :class:`RolloutWorker` actors on Ray and the RNG state each share continues from.
+
+    Joins the cluster at ``cfg.ray_address``, or starts an embedded local one (``ray.init()``)
+    when Ray is not running yet; each worker asks Ray for one CPU (one GPU when the learner runs
+    on CUDA).
+
+    Args:
+        cfg: the run's config (``num_workers``, ``ray_address``, ``seed``, the env's settings).
+        env_overrides: further ``gym.make`` arguments for the workers' envs.
+        device: the learner's device (CUDA: each worker asks for a GPU).
+        bf16: whether the learner's forwards run under bf16 autocast (the workers sample so too).
+    """
+
+    def __init__(self, cfg: PPOConfig, env_overrides: dict[str, Any], device: torch.device, bf16: bool = False):
+        try:
+            import ray
+        except ImportError as err:
+            raise ModuleNotFoundError(f"num_workers={cfg.num_workers} needs Ray: pip install 'textgym[ray]'") from err
+        self.ray = ray
+        self.owns_ray = not ray.is_initialized()
+        if self.owns_ray:
+            num_cpus = None if cfg.ray_address else max(os.cpu_count() or 1, cfg.num_workers)
+            ray.init(address=cfg.ray_address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        self.cfg, self.env_overrides, self.bf16 = cfg, dict(env_overrides), bf16
+        self.slots = slot_shares(cfg.num_envs, cfg.num_workers)
+        gpus = 1 if device.type == "cuda" else 0
+        self.actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(RolloutWorker)  # we replace the dead
+        self.workers = [self._start(i) for i in range(cfg.num_workers)]
+        self.rng = ray.get([w.rng_state.remote() for w in self.workers])
+        self.version = 0
+        self.replaced = 0  # workers replaced after dying (over the pool's life)
+
+    def _start(self, index: int):
+        return self.actor_cls.remote(self.cfg.to_dict(), self.env_overrides, index, len(self.slots[index]), self.bf16)
+
+    # -- one rollout
+    def launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, prompts: list[str] | None,
+               seed: int | None) -> Rollout:  # fmt: skip
+        """Put ``policy``'s weights into the object store once and start every worker on its share."""
+        started = time.perf_counter()
+        weights = self.ray.put(pack_weights(policy))
+        self.version += 1
+        n = self.cfg.num_envs if num_episodes is None else num_episodes
+        shares = []
+        for w, slots in enumerate(self.slots):
+            k = min(slots.stop, n) - slots.start
+            if k <= 0:
+                continue  # the rollout is shorter than the slots before this worker: its RNGs stay as they are
+            part = None if prompts is None else list(prompts[slots.start : slots.start + k])
+            share_seed = None if seed is None else seed + slots.start  # slot s seeded with seed + s, as in process
+            shares.append(_Share(w, (weights, self.version, beta, k, part, share_seed)))
+        rollout = Rollout(shares, weights, beta, started)
+        for share in shares:
+            self._submit(share)
+        return rollout
+
+    def _submit(self, share: _Share) -> None:
+        share.attempts += 1
+        share.ref = self.workers[share.worker].collect.remote(*share.args, self.rng[share.worker])
+
+    def gather(self, rollout: Rollout) -> TensorDict:
+        """The rollout's episodes in slot order (waiting for them; replacing workers that died).
+
+        Raises:
+            RuntimeError: a worker died more than ``MAX_REPLACEMENTS`` times in this rollout.
+        """
+        if rollout.episodes is not None:
+            return rollout.episodes
+        waiting = {share.ref: share for share in rollout.shares}
+        while waiting:
+            [ref], _ = self.ray.wait(list(waiting), num_returns=1)
+            share = waiting.pop(ref)
+            try:
+                share.result = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as err:
+                self._replace(share, err)
+                waiting[share.ref] = share
+                continue
+            self.rng[share.worker] = share.result[2]  # the state the next share of this worker starts from
+        rollout.episodes = torch.cat([share.result[0] for share in rollout.shares])
+        slowest = max(rollout.shares, key=lambda s: s.result[1]["seconds"]).result[1]
+        rollout.timing = {"seconds": time.perf_counter() - rollout.started, "policy_seconds": slowest["policy_seconds"],
+                          "worker_seconds": slowest["seconds"],
+                          "load_seconds": max(s.result[1]["load_seconds"] for s in rollout.shares)}  # fmt: skip
+        rollout.weights = None  # the object store may free them
+        return rollout.episodes
+
+    def _replace(self, share: _Share, err: Exception) -> None:
+        """Start a new actor in place of the dead one and submit its share again from the same RNG state."""
+        w = share.worker
+        if share.attempts > MAX_REPLACEMENTS:
+            raise RuntimeError(f"rollout worker {w} died {share.attempts} times in one iteration; last: {err}") from err
+        warnings.warn(f"rollout worker {w} died ({type(err).__name__}); replaced, and its share of "
+                      f"{share.args[3]} episodes collected again from the same RNG state", stacklevel=3)  # fmt: skip
+        self.workers[w] = self._start(w)
+        self.replaced += 1
+        self._submit(share)
+
+    # -- checkpoints
+    def state(self) -> tuple[list[Any], list[torch.Tensor]]:
+        """Every worker's RNG state: the slots' (JSON-able) and the samplers' (tensors)."""
+        return [r["env"] for r in self.rng], [r["sampler"] for r in self.rng]
+
+    def load_state(self, env_states: list[Any], sampler_states: list[torch.Tensor]) -> None:
+        """Continue from :meth:`state`'s output (a checkpoint of a run with as many workers).
+
+        Raises:
+            ValueError: the checkpoint holds another number of workers.
+        """
+        if len(env_states) != len(self.workers) or len(sampler_states) != len(self.workers):
+            raise ValueError(f"the checkpoint holds RNG states of {len(env_states)} rollout workers; "
+                             f"this run has num_workers={len(self.workers)}")  # fmt: skip
+        self.rng = [{"env": e, "sampler": s} for e, s in zip(env_states, sampler_states)]
+
+    def close(self) -> None:
+        """End the actors (and the embedded cluster, if this pool started it)."""
+        for worker in self.workers:
+            self.ray.kill(worker)
+        self.workers = []
+        if self.owns_ray:
+            self.ray.shutdown()
