@@ -12,7 +12,10 @@ in a subprocess of this script (``--trl-worker``). TRL's recipe::
               response_length=32, temperature=1.0, kl_coef=0.05, stop_token="eos",
               num_sample_generations=0, report_to="none")
 
-and an iteration is the time between two ``on_step_end`` callbacks. textgym's iteration is one
+and an iteration is the time between two ``on_step_end`` callbacks. That config turns gradient
+checkpointing on (TRL's default), and the policy then generates without a KV cache; ``--trl``
+picks among that recipe (``fp32``), the same with checkpointing off (``fp32-no-ckpt``, TRL's
+fastest here) and that with ``bf16=True`` (``bf16-no-ckpt``). textgym's iteration is one
 ``Trainer.iteration()`` (rollout through the env, which also scores every episode with the gold
 scorer, TRL does not; log π_old; GAE; update). Each side runs one untimed warm-up iteration, then
 ``--iterations`` timed ones; the sides alternate over ``--rounds`` rounds, so that load on a shared
@@ -20,6 +23,7 @@ machine hits them alike. Printed: the median seconds per iteration of each confi
 ratios textgym / TRL (target: <= 0.5). Never asserted.
 
     python bench/ppo_vs_trl.py                 # 2 rounds x 3 iterations per configuration
+    python bench/ppo_vs_trl.py --trl fp32-no-ckpt bf16-no-ckpt
     python bench/ppo_vs_trl.py --quick         # 8 episodes x 8 tokens, 1 round: a smoke run
 """
 
@@ -41,6 +45,9 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "textgym" / "assets"
 TRL_VENV = Path(os.environ.get("TEXTGYM_TRL_VENV", ROOT / ".venv-trl"))
 TRL_PINS = ("torch==2.13.0", "trl==1.12.0")
+# TRL's PPOConfig turns gradient checkpointing on by default, and with it the policy generates without a KV
+# cache (use_cache=False): the recipe as given, and the same with checkpointing off, TRL's fastest on CPU.
+TRL_VARIANTS = {"fp32": (False, False), "fp32-no-ckpt": (False, True), "bf16-no-ckpt": (True, True)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -53,6 +60,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="8 episodes x 8 tokens, 1 iteration, 1 round")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--no-checkpointing", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trl", nargs="+", choices=sorted(TRL_VARIANTS), default=sorted(TRL_VARIANTS),
+                        help="TRL configurations to time (default: all)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.threads is not None:
         import torch
@@ -88,7 +98,7 @@ def trl_worker(args: argparse.Namespace) -> None:
         output_dir=tempfile.mkdtemp(prefix="trl-ppo-"), use_cpu=True, per_device_train_batch_size=args.episodes,
         num_mini_batches=4 if args.episodes % 4 == 0 else 1, num_ppo_epochs=4, response_length=args.tokens,
         temperature=1.0, kl_coef=0.05, stop_token="eos", num_sample_generations=0, report_to="none",
-        total_episodes=n, bf16=args.bf16, save_strategy="no", seed=0,
+        total_episodes=n, bf16=args.bf16, save_strategy="no", seed=0, gradient_checkpointing=not args.no_checkpointing,
     )  # fmt: skip
     trainer = PPOTrainer(
         args=config, processing_class=tok,
@@ -116,9 +126,11 @@ def ensure_trl_venv() -> Path:
     return python
 
 
-def run_trl(python: Path, args: argparse.Namespace, bf16: bool) -> list[float]:
+def run_trl(python: Path, args: argparse.Namespace, variant: str) -> list[float]:
+    bf16, no_ckpt = TRL_VARIANTS[variant]
     cmd = [str(python), __file__, "--trl-worker", "--episodes", str(args.episodes), "--tokens", str(args.tokens),
-           "--iterations", str(args.iterations)] + (["--bf16"] if bf16 else [])  # fmt: skip
+           "--iterations", str(args.iterations)] + (["--bf16"] if bf16 else []) + (["--no-checkpointing"] if no_ckpt
+                                                                                   else [])  # fmt: skip
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -165,8 +177,8 @@ def main() -> None:
     runs: dict[str, list[float]] = {}
     splits: dict[str, dict[str, float]] = {}
     for r in range(args.rounds):
-        configs = [("textgym fp32", "fp32"), (f"textgym auto ({auto})", "auto"), ("TRL fp32", False),
-                   ("TRL bf16", True)]  # fmt: skip
+        configs = [("textgym fp32", "fp32"), (f"textgym auto ({auto})", "auto")]
+        configs += [(f"TRL {variant}", variant) for variant in args.trl]
         for name, setting in configs if r % 2 == 0 else configs[::-1]:
             if name.startswith("TRL"):
                 times = run_trl(python, args, setting)
