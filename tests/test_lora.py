@@ -13,7 +13,9 @@ from textgym.models import DEFAULT_LM, load_causal_lm, response_logprobs
 
 
 def lora_cfg(out, **changes) -> PPOConfig:
-    return PPOConfig(**{**PRESETS["tiny"], "out": str(out), "lora_rank": 4, "learning_rate": 1e-2, **changes})
+    """fp32: these tests check identities (the first policy is π_ref, KL 0) that bf16 rounding would blur."""
+    base = {"out": str(out), "lora_rank": 4, "learning_rate": 1e-2, "precision": "fp32"}
+    return PPOConfig(**{**PRESETS["tiny"], **base, **changes})
 
 
 @pytest.fixture(scope="module")

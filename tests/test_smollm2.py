@@ -68,7 +68,7 @@ def test_two_ppo_iterations_of_the_smollm2_preset_move_the_weights(cache, tmp_pa
 
     cfg = PPOConfig(**{**PRESETS["smollm2-sentiment"], "out": str(tmp_path), "num_envs": 2, "total_episodes": 4,
                        "max_new_tokens": 4, "ppo_epochs": 1, "num_minibatches": 1, "warmup_iterations": 0,
-                       "learning_rate": 1e-5, "progress": False})  # fmt: skip
+                       "learning_rate": 1e-5, "progress": False, "precision": "fp32"})  # fmt: skip
     trainer = Trainer.create(cfg)
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     rows = [trainer.iteration() for _ in range(2)]
