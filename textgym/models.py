@@ -8,6 +8,7 @@ folder or hub id (already in the local cache: nothing is downloaded at run time 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from pathlib import Path
@@ -86,6 +87,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+@functools.cache  # asked before every forward of a rollout: the answer never changes in a process
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes bf16 matmuls in hardware: CUDA with bf16, or a CPU with AVX-512 BF16 or AMX.
 

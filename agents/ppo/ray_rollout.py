@@ -21,6 +21,7 @@ Ray is optional (``pip install 'textgym[ray]'``) and imported only here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -73,7 +74,7 @@ def pack_weights(model: torch.nn.Module) -> dict[str, Any]:
 
 def unpack_weights(model: torch.nn.Module, packed: dict[str, Any]) -> None:
     """Load :func:`pack_weights`' output into ``model`` (the same architecture); strict about every key."""
-    from .trainer import _expected_weights, _load_weights, _tied_groups
+    from .trainer import _expected_weights, _fill_tied, _load_weights
 
     weights = {}
     with warnings.catch_warnings():  # the object store's memory is read-only: load_state_dict copies from it
@@ -82,10 +83,7 @@ def unpack_weights(model: torch.nn.Module, packed: dict[str, Any]) -> None:
             tensor = torch.from_numpy(array)
             weights[key] = tensor.view(torch.bfloat16) if packed["dtypes"].get(key) == "bfloat16" else tensor
     expected = _expected_weights(model)
-    for group in _tied_groups(model):
-        present = [k for k in group if k in weights]
-        for key in group if present else ():
-            weights.setdefault(key, weights[present[0]])
+    _fill_tied(model, weights)
     missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
     if missing or unexpected:
         raise ValueError(f"policy weights do not fit the worker's policy: missing {sorted(missing)[:4]}, "
@@ -128,21 +126,18 @@ class RolloutWorker:
         from textgym.models import resolve_device
         from textgym.policies import LMSampler
 
-        from .models import make_actor, make_lora_actor
-        from .trainer import make_envs
+        from .trainer import make_envs, make_policy
 
         cfg = PPOConfig(**config)
         device = resolve_device(cfg.device)
         torch.set_num_threads(_assigned_cpus())  # as many torch threads as CPUs Ray gave it: no oversubscription
         self.envs = make_envs(cfg, num_slots, device, env_overrides)
-        base = self.envs.unwrapped
-        lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
-        self.policy = make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
+        self.policy = make_policy(cfg, self.envs.unwrapped)
         self.policy.requires_grad_(False)  # sampling only
         generator = torch.Generator(device=device).manual_seed(worker_seed(cfg.seed, index))
         self.sampler = LMSampler.for_env(self.policy, self.envs, temperature=cfg.temperature, generator=generator,
                                          top_k=cfg.top_k, top_p=cfg.top_p)  # fmt: skip
-        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else _no_autocast
+        self.autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
         self.version = -1  # the weights version loaded
 
     def pid(self) -> int:
@@ -194,12 +189,6 @@ def _assigned_cpus() -> int:
     if not ray.is_initialized():
         return 1
     return max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-
-
-def _no_autocast():
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------- the pool (learner side)

@@ -100,7 +100,7 @@ class Trainer:
         envs = make_envs(cfg, cfg.num_envs, device, env_overrides)
         base = envs.unwrapped
         lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
-        policy = make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
+        policy = make_policy(cfg, base)
         critic = make_critic(base.reward_model, policy, lora) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
         # under torchrun the loss calls the models through DDP (gradients all-reduced); saved are the bare ones
         loss, actor_logits = make_loss(distributed.wrap(policy, device), distributed.wrap(critic, device),
@@ -517,6 +517,12 @@ class Trainer:
             self.pending = Rollout([], None, state["pending_beta"], 0.0, episodes, {"policy_seconds": 0.0})
 
 
+def make_policy(cfg: PPOConfig, base) -> torch.nn.Module:
+    """The trainable policy over the env ``base``'s π_ref: a full copy, or LoRA adapters on π_ref itself."""
+    lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
+    return make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
+
+
 def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict[str, Any] | None = None):
     """The native vector env of ``cfg`` with ``num_envs`` slots (the learner's, or a rollout worker's share)."""
     return gym.make_vec(
@@ -633,11 +639,7 @@ def _read_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]
     except Exception as err:  # safetensors' own error type: a truncated or garbage file
         raise ValueError(f"checkpoint file {path} is truncated or corrupt ({type(err).__name__}: {err})") from err
     expected = _expected_weights(model)
-    for group in _tied_groups(model) if not _is_lora(model) else ():
-        present = [k for k in group if k in weights]
-        if present:
-            for key in group:
-                weights.setdefault(key, weights[present[0]])
+    _fill_tied(model, weights)
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     wrong = sorted(k for k in set(weights) & set(expected) if weights[k].shape != expected[k].shape)
     if missing or unexpected or wrong:
@@ -646,6 +648,14 @@ def _read_weights(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]
             f"unexpected {unexpected[:4]} ({len(unexpected)}), wrong shape {wrong[:4]} ({len(wrong)})"
         )
     return weights
+
+
+def _fill_tied(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Give every name of a tied group the tensor saved under one of them (``save_pretrained`` keeps one)."""
+    for group in _tied_groups(model) if not _is_lora(model) else ():
+        present = [k for k in group if k in weights]
+        for key in group if present else ():
+            weights.setdefault(key, weights[present[0]])
 
 
 def _tied_groups(model: torch.nn.Module) -> list[list[str]]:
