@@ -23,6 +23,7 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
 from textgym.functional import position_ids_from_mask
+from textgym.models import use_fp32_attention
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ class TokenValues(nn.Module):
 
 
 def make_actor(ref_model: nn.Module) -> nn.Module:
-    """The trainable policy: a copy of π_ref (dropout stays off: eval mode)."""
+    """The trainable policy: a copy of π_ref (dropout stays off: eval mode; fp32 attention under CPU autocast)."""
     policy = copy.deepcopy(ref_model)
+    use_fp32_attention(policy)
     policy.requires_grad_(True)
     policy.eval()
     return policy
@@ -103,6 +105,7 @@ def make_lora_actor(ref_model: nn.Module, rank: int, alpha: float | None, env) -
         raise ModuleNotFoundError(f"lora_rank={rank} needs peft: pip install 'textgym[lora]'") from err
     config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
                         task_type="CAUSAL_LM")  # fmt: skip
+    use_fp32_attention(ref_model)  # call for call the same outside autocast, where the env's π_ref runs
     policy = get_peft_model(ref_model, config)  # adapters injected into ref_model's modules, only they train
     env.reference_context = policy.disable_adapter
     policy.eval()
@@ -141,6 +144,7 @@ def make_critic(reward_model, policy: nn.Module, lora: tuple[int, float | None] 
     config.num_labels = 1
     config.classifier_dropout = 0.0
     critic = AutoModelForTokenClassification.from_config(config)
+    use_fp32_attention(critic)
     state = {k.replace(".base_layer.", "."): v for k, v in source.state_dict().items() if "lora_" not in k}
     missing, unexpected = critic.base_model.load_state_dict(state, strict=False)
     if missing or unexpected:
