@@ -1,5 +1,5 @@
 """The speed levers change no numbers: trimmed minibatch columns, bf16 where native, no entropy graph,
-a KV cache that appends in place, attention in fp32 under CPU autocast."""
+attention in fp32 under CPU autocast, a fused optimizer."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ import torch
 from textgym.agents.ppo import PPOConfig, Trainer
 from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.rollout import sequence_batch, trim_columns
-from textgym.models import FP32_ATTENTION, CachedDecoder, load_causal_lm, native_bf16, use_fp32_attention
+from textgym.models import FP32_ATTENTION, load_causal_lm, native_bf16, use_fp32_attention
 
 
 def tiny(tmp_path, **changes) -> PPOConfig:
@@ -105,51 +105,6 @@ def test_the_loss_builds_no_entropy_graph_yet_entropy_is_reported(tmp_path):
     assert "loss_entropy" not in t.loss(data).keys()
 
 
-# ---------------------------------------------------------------- KV cache appended in place
-def _decode(model, steps: int = 14) -> tuple[list[torch.Tensor], list[bool]]:
-    """Logits of a decoder run with staggered restarts (a merge that widens the cache), trims and a failed step.
-
-    Also records, for every step, whether the first layer's keys stayed in the storage they had.
-    """
-    g = torch.Generator().manual_seed(0)
-    dec = CachedDecoder(model, num_slots=3, max_len=12)
-    ids = torch.randint(3, 2000, (3, 4), generator=g)
-    outs = [dec.prefill(torch.arange(3), ids, torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]]))]
-    in_place = []
-    for step in range(steps):
-        if step == 5:  # slot 1 restarts on a 7-token prompt: the cache grows on the left
-            long_ids = torch.randint(3, 2000, (1, 7), generator=g)
-            outs.append(dec.prefill(torch.tensor([1]), long_ids, torch.ones(1, 7, dtype=torch.long)))
-        if step == 8:  # a forward that raises leaves the cache as it was
-            layer = model.model.layers[2]
-            layer.forward = lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt)
-            with pytest.raises(KeyboardInterrupt):
-                dec.step(torch.tensor([5, 6, 7]))
-            del layer.forward
-        before = dec.cache.layers[0].keys.untyped_storage().data_ptr()
-        outs.append(dec.step(torch.randint(3, 2000, (3,), generator=g)))
-        in_place.append(dec.cache.layers[0].keys.untyped_storage().data_ptr() == before)
-    return outs, in_place
-
-
-def test_the_in_place_kv_cache_gives_bit_identical_logits_to_concatenation(monkeypatch):
-    """transformers' DynamicLayer copies the cache every step (torch.cat); ours writes one column.
-
-    Same logits to the bit through restarts, left growth, trims past max_len and an interrupted
-    step; and most steps write into the storage they had (a copy only when the buffer is full).
-    """
-    from transformers.cache_utils import DynamicLayer
-
-    model = load_causal_lm().eval()
-    ours, in_place = _decode(model)
-    monkeypatch.setattr("textgym.models.append_layer_class", lambda: DynamicLayer)
-    theirs, copied = _decode(model)
-    assert len(ours) == len(theirs) == 16
-    for a, b in zip(ours, theirs):
-        assert torch.equal(a, b)
-    assert sum(in_place) >= 9 and not any(copied)
-
-
 # ---------------------------------------------------------------- attention in fp32 under CPU autocast
 def test_fp32_attention_is_sdpa_outside_cpu_autocast_and_fp32_inside():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -182,3 +137,26 @@ def test_the_trainer_trains_with_fp32_attention(tmp_path):
     assert t.policy.config._attn_implementation == FP32_ATTENTION
     assert t.critic.config._attn_implementation == FP32_ATTENTION
     assert t.envs.unwrapped.model.config._attn_implementation == "sdpa"  # π_ref as loaded
+
+
+# ---------------------------------------------------------------- fused AdamW
+def test_the_fused_optimizer_steps_like_the_foreach_one(tmp_path):
+    """The trainer's AdamW is fused (one kernel for all parameters); its steps match the foreach loop's."""
+    t = Trainer.create(tiny(tmp_path))
+    assert t.optimizer.defaults["fused"] is True
+    params = [p for group in t.optimizer.param_groups for p in group["params"]]
+    start = [p.detach().clone() for p in params]
+    g = torch.Generator().manual_seed(0)
+    grads = [[torch.randn(p.shape, generator=g) for p in params] for _ in range(3)]
+    finals = []
+    for fused in (True, False):
+        for p, s in zip(params, start):
+            p.data.copy_(s)
+        opt = torch.optim.AdamW([{"params": params, "lr": 1e-3}], eps=1e-5, fused=fused, foreach=not fused)
+        for step in grads:
+            for p, grad in zip(params, step):
+                p.grad = grad.clone()
+            opt.step()
+        finals.append(torch.cat([p.detach().flatten() for p in params]))
+    assert not torch.equal(finals[0], torch.cat([s.flatten() for s in start]))  # the steps moved the weights
+    torch.testing.assert_close(finals[0], finals[1], atol=1e-6, rtol=0)

@@ -342,67 +342,6 @@ def load_lora_merged(folder: str | os.PathLike, name: str = "model", dtype=None)
     return PeftModel.from_pretrained(base, os.fspath(folder)).merge_and_unload()
 
 
-@functools.cache
-def append_layer_class():
-    """transformers' ``DynamicLayer`` that appends into spare columns instead of concatenating.
-
-    ``DynamicLayer.update`` copies the whole cache of the layer on every decoding step
-    (``torch.cat``), which grows with slots x columns (see README, Performance). This layer
-    keeps its keys and values as views ``buffer[:, :, start:end]`` of a wider buffer and writes a
-    step's columns into ``buffer[:, :, end:end + n]``. The view is re-derived from whatever
-    ``keys`` holds at each update, so anything that replaces or slices ``keys`` from outside
-    (a trim, a restore after a failed step, a merge) stays correct: a tensor that is not a
-    view of the buffer with the room to grow is copied into a new buffer twice its width.
-    Built on first use: transformers is imported only when a decoder runs.
-    """
-    from transformers.cache_utils import DynamicLayer
-
-    class AppendLayer(DynamicLayer):
-        buffers: tuple[Tensor, Tensor] | None = None
-
-        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            n = key_states.shape[-2]
-            span = self._span(key_states) if self.keys.numel() else None
-            if span is None or span[1] + n > self.buffers[0].shape[-2]:
-                self._regrow(key_states, value_states)
-                span = (0, self.keys.shape[-2])
-            start, end = span
-            for buf, new in zip(self.buffers, (key_states, value_states)):
-                buf[:, :, end : end + n] = new
-            self.keys, self.values = (buf[:, :, start : end + n] for buf in self.buffers)
-            return self.keys, self.values
-
-        def _span(self, new: Tensor) -> tuple[int, int] | None:
-            """``(start, end)`` of ``keys``/``values`` in the buffers, or None when they are not views of them."""
-            if self.buffers is None:
-                return None
-            spans = {_column_span(t, buf, new) for t, buf in zip((self.keys, self.values), self.buffers)}
-            return spans.pop() if len(spans) == 1 else None
-
-        def _regrow(self, *new: Tensor) -> None:
-            """Copy the keys and values into new buffers with room for the ``new`` columns, twice over."""
-            old = [t if t.numel() else x[:, :, :0] for t, x in zip((self.keys, self.values), new)]
-            width = old[0].shape[-2]
-            size = 2 * (width + new[0].shape[-2])
-            self.buffers = tuple(x.new_empty((*x.shape[:2], size, x.shape[3])) for x in new)
-            for buf, t in zip(self.buffers, old):
-                buf[:, :, :width] = t
-            self.keys, self.values = (buf[:, :, :width] for buf in self.buffers)
-
-    return AppendLayer
-
-
-def _column_span(t: Tensor, buf: Tensor, new: Tensor) -> tuple[int, int] | None:
-    """``(start, end)`` when ``t`` is ``buf[:, :, start:end]`` and ``new`` can be written after it."""
-    same = t.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr() and t.stride() == buf.stride()
-    if not same or t.shape[:2] != buf.shape[:2] or t.shape[3] != buf.shape[3] or new.dtype != buf.dtype:
-        return None
-    start, rest = divmod(t.storage_offset() - buf.storage_offset(), buf.stride(2))
-    return None if rest else (start, start + t.shape[2])
-
-
 FP32_ATTENTION = "textgym_sdpa_fp32_under_cpu_autocast"
 
 
@@ -474,27 +413,20 @@ class CachedDecoder:
     @torch.no_grad()
     def prefill(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Start ``slots`` on left-padded prompts; return their next-token logits ``(k, V)``."""
+        from transformers import DynamicCache
+
         with self.context():
             out = self.model(
                 input_ids=input_ids,  # (k, P)
                 attention_mask=attention_mask,
                 position_ids=position_ids_from_mask(attention_mask),
-                cache=self._new_cache(),  # transformers 5 name of past_key_values
+                cache=DynamicCache(config=self.model.config),  # transformers 5 name of past_key_values
                 use_cache=True,
                 logits_to_keep=1,
             )
         self._merge(slots, out.cache, attention_mask)
         self.next_pos[slots] = attention_mask.sum(-1)
         return out.logits[:, -1].float()
-
-    def _new_cache(self):
-        """A ``DynamicCache`` for the model whose plain layers append in place (sliding ones stay as they are)."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        cache = DynamicCache(config=self.model.config)
-        cache.layers = [append_layer_class()() if type(layer) is DynamicLayer else layer for layer in cache.layers]
-        return cache
 
     @torch.no_grad()
     def step(self, tokens: Tensor) -> Tensor:
@@ -509,7 +441,7 @@ class CachedDecoder:
             raise RuntimeError("CachedDecoder.step() before any prefill()")
         ones = torch.ones(self.num_slots, 1, dtype=torch.long, device=self.device)
         mask = torch.cat([self.mask, ones], dim=1)  # (N, C+1)
-        before = [(layer.keys, layer.values) for layer in self.cache.layers]  # a step writes past these views only
+        before = [(layer.keys, layer.values) for layer in self.cache.layers]  # a step concatenates: no in-place change
         try:
             with self.context():
                 out = self.model(
