@@ -105,12 +105,33 @@ def test_cli_errors_name_the_argument():
         ["examples/reasoning_gym_verifier.py", "--problems", "64", "--iterations", "2", "--out", "{tmp}/rg"],
         ["bench/ppo_iteration.py", "--quick"],
         ["bench/env_throughput.py", "--quick"],
+        ["bench/rm_ceiling.py", "--quick"],
     ],
     ids=lambda c: Path(c[0]).stem,
 )
 def test_example_and_bench_scripts(cmd, tmp_path):
     out = run([sys.executable, *[c.replace("{tmp}", str(tmp_path)) for c in cmd]])
     assert out.strip()
+
+
+def test_rm_ceiling_search_climbs_to_the_best_response():
+    """The ceiling search keeps every improvement: on a score that counts token 7, all positions become 7."""
+    import argparse
+
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        from rm_ceiling import ascend
+    finally:
+        sys.path.pop(0)
+
+    def count_sevens(prompt_ids, rows):
+        return np.array([sum(t == 7 for t in row) for row in rows], dtype=float)
+
+    args = argparse.Namespace(sweeps=2, candidates=4)
+    history = ascend(count_sevens, [1], [5, 6, 5, 8, 5], np.array([5, 6, 7, 8]), args, np.random.default_rng(0))
+    assert history == [0.0, 5.0, 5.0]
 
 
 def test_asset_build_quick(tmp_path):
