@@ -18,6 +18,12 @@ def lora_cfg(out, **changes) -> PPOConfig:
     return PPOConfig(**{**PRESETS["tiny"], **base, **changes})
 
 
+# KL of a policy equal to π_ref is fp32 roundoff: log π from the update's full forward against the env's
+# cached per-token log π_ref, summed over up to 6 tokens. It depends on the CPU's kernels: under 1e-6 on
+# an AMD EPYC, 1.1e-6 on a Xeon with AMX.
+KL_AT_INIT = 1e-5
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A LoRA trainer after two iterations at a large learning rate (the adapters moved), saved."""
@@ -36,7 +42,7 @@ def test_one_copy_of_the_base_weights_serves_pi_ref_and_the_policy(trained):
     trained_names = {n for g in trainer.optimizer.param_groups for p in g["params"] for n, q in
                      trainer.policy.named_parameters() if q is p}  # fmt: skip
     assert trained_names and all("lora_" in n for n in trained_names)
-    assert abs(first["kl"]) < 1e-6 and first["logprob_mismatch"] < 1e-5  # B = 0: the first policy is π_ref
+    assert abs(first["kl"]) < KL_AT_INIT and first["logprob_mismatch"] < 1e-5  # B = 0: the first policy is π_ref
 
 
 def test_the_adapters_never_leak_into_pi_ref(trained):
@@ -99,7 +105,7 @@ def test_a_critic_copied_from_the_lora_policy_body_trains_its_adapters_and_head_
     assert critic_names and all("lora_" in n or "score" in n for n in critic_names)
     assert any("score" in n for n in critic_names)  # the value head trains in full
     row = trainer.iteration()
-    assert np.isfinite(row["value_loss"]) and abs(row["kl"]) < 1e-6
+    assert np.isfinite(row["value_loss"]) and abs(row["kl"]) < KL_AT_INIT
     trainer.save(tmp_path)
     resumed = Trainer.create(lora_cfg(tmp_path / "again", reward_model="vader"))
     resumed.load(tmp_path / "checkpoint")
