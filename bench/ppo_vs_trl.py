@@ -39,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -77,13 +78,28 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------- TRL side (runs in .venv-trl)
+def trl_models() -> dict:
+    """TRL's four models from the embedded assets, every one in float32 (a copy of the RM is the value model).
+
+    Why float32: the assets are stored in float16 and transformers 5 loads the stored dtype by default;
+    float16 matmuls on the CPU are over 10x slower, which made TRL look 14x slower than it is. textgym
+    computes in float32 too (``bf16=True`` then autocasts over float32 master weights, as textgym does).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    lm = partial(AutoModelForCausalLM.from_pretrained, ASSETS / "lm", dtype=torch.float32)
+    rm = partial(AutoModelForSequenceClassification.from_pretrained, ASSETS / "rm", num_labels=1, dtype=torch.float32)
+    return {"model": lm(), "ref_model": lm(), "reward_model": rm(), "value_model": rm()}
+
+
 def trl_worker(args: argparse.Namespace) -> None:
     """Train TRL's PPO for 1 + ``iterations`` steps; print one JSON line of the timed steps' seconds."""
     import tempfile
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
     torch.manual_seed(0)
@@ -103,17 +119,8 @@ def trl_worker(args: argparse.Namespace) -> None:
         temperature=1.0, kl_coef=0.05, stop_token="eos", num_sample_generations=0, report_to="none",
         total_episodes=n, bf16=args.bf16, save_strategy="no", seed=0, gradient_checkpointing=not args.no_checkpointing,
     )  # fmt: skip
-    # The assets are stored in float16 and transformers 5 loads dtype="auto" by default: ask for float32, as
-    # textgym does (bf16=True then autocasts over float32 master weights); float16 matmuls on the CPU are ~14x slower.
-    fp32 = {"dtype": torch.float32}
-    trainer = PPOTrainer(
-        args=config, processing_class=tok,
-        model=AutoModelForCausalLM.from_pretrained(ASSETS / "lm", **fp32),
-        ref_model=AutoModelForCausalLM.from_pretrained(ASSETS / "lm", **fp32),
-        reward_model=AutoModelForSequenceClassification.from_pretrained(ASSETS / "rm", num_labels=1, **fp32),
-        value_model=AutoModelForSequenceClassification.from_pretrained(ASSETS / "rm", num_labels=1, **fp32),
-        train_dataset=Dataset.from_dict({"input_ids": rows}), callbacks=[Stamp()],
-    )  # fmt: skip
+    trainer = PPOTrainer(args=config, processing_class=tok, **trl_models(),
+                         train_dataset=Dataset.from_dict({"input_ids": rows}), callbacks=[Stamp()])  # fmt: skip
     if args.threads is not None:
         torch.set_num_threads(args.threads)  # accelerate may have set its own count while the trainer was built
     trainer.train()

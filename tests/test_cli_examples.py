@@ -114,17 +114,35 @@ def test_example_and_bench_scripts(cmd, tmp_path):
     assert out.strip()
 
 
+def _bench_module(name: str):
+    """Import ``bench/<name>.py`` (the bench folder is not a package)."""
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_trl_is_timed_on_float32_models_like_textgym():
+    """The assets are stored in float16: TRL's side of bench/ppo_vs_trl.py must not compute in it (10x slower)."""
+    import torch
+
+    models = _bench_module("ppo_vs_trl").trl_models()
+    assert sorted(models) == ["model", "ref_model", "reward_model", "value_model"]
+    for name, model in models.items():
+        assert {p.dtype for p in model.parameters()} == {torch.float32}, name
+    assert models["value_model"] is not models["reward_model"]  # the critic trains; the RM must not move
+
+
 def test_rm_ceiling_search_climbs_to_the_best_response():
     """The ceiling search keeps every improvement: on a score that counts token 7, all positions become 7."""
     import argparse
 
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-    try:
-        from rm_ceiling import ascend
-    finally:
-        sys.path.pop(0)
+    ascend = _bench_module("rm_ceiling").ascend
 
     def count_sevens(prompt_ids, rows):
         return np.array([sum(t == 7 for t in row) for row in rows], dtype=float)
