@@ -83,7 +83,7 @@ def trl_models() -> dict:
 
     Why float32: the assets are stored in float16 and transformers 5 loads the stored dtype by default;
     float16 matmuls on the CPU are over 10x slower, which made TRL look 14x slower than it is. textgym
-    computes in float32 too (``bf16=True`` then autocasts over float32 master weights, as textgym does).
+    keeps float32 weights too (``bf16=True`` then autocasts over them on both sides).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification

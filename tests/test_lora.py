@@ -20,7 +20,7 @@ def lora_cfg(out, **changes) -> PPOConfig:
 
 # KL of a policy equal to π_ref is fp32 roundoff: log π from the update's full forward against the env's
 # cached per-token log π_ref, summed over up to 6 tokens. It depends on the CPU's kernels: under 1e-6 on
-# an AMD EPYC, 1.1e-6 on a Xeon with AMX.
+# the machine of earlier sessions, 1.1e-6 on a Xeon with AMX.
 KL_AT_INIT = 1e-5
 
 
