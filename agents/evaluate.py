@@ -107,6 +107,7 @@ def evaluate(
     temperature: float | None = None,
     device: str = "cpu",
     progress: bool | str = False,
+    run_of: str | None = None,
     **env_kwargs,
 ) -> dict:
     """Sample ``episodes`` responses on the eval prompts and score them.
@@ -120,6 +121,10 @@ def evaluate(
             taken in order (cycled) so every policy answers the same prompts. ``temperature``
             defaults to the run's (below), else 1.
         progress: show a progress bar of the episodes (a str is its label).
+        run_of: a policy folder saved by ``textgym train`` whose run settings (:func:`run_settings`)
+            define the evaluation (default: ``policy``). ``evaluate(None, run_of="OUT/policy")``
+            measures π_ref in that run's env, sampling as the run sampled: the baseline of the
+            objective the policy was trained on.
         env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the env's eval split;
             ``model`` is π_ref), and ``env_id`` (default ``"TextRLHF-v0"``). A ``policy`` folder
             saved by ``textgym train`` brings the settings it was trained with
@@ -135,7 +140,7 @@ def evaluate(
         ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
         ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
-    run = run_settings(policy)
+    run = run_settings(policy if run_of is None else run_of)
     run_temperature = run.pop("temperature", 1.0)
     temperature = temperature if temperature is not None else run_temperature
     sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with

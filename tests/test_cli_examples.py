@@ -44,6 +44,25 @@ def test_train_then_eval_the_result_with_the_runs_beta(tmp_path):
     assert policy["objective"][0] == pytest.approx(policy["score"][0] - 0.2 * policy["kl"][0])
 
 
+def test_eval_of_a_run_with_eval_prompts_and_top_k_measures_both_in_the_runs_env(tmp_path):
+    """Issue 26.1: π_ref's half of ``textgym eval`` gets the run's settings as the policy's half does.
+
+    The run's ``eval_prompts`` and sampling truncation used to reach ``gym.make`` unfiltered for π_ref
+    (``_Engine.__init__() got an unexpected keyword argument 'eval_prompts'``).
+    """
+    prompts = ["The movie", "I just saw", "The film was"]
+    (tmp_path / "eval.txt").write_text("\n".join(prompts) + "\n")
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
+         "--eval-prompts", str(tmp_path / "eval.txt"), "--top-k", "50"])  # fmt: skip
+    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "6", "--num-envs", "6",
+               "--out", str(tmp_path / "eval.json")])  # fmt: skip
+    assert "pi_ref:" in out and "policy:" in out
+    result = json.loads((tmp_path / "eval.json").read_text())
+    for name in ("pi_ref", "policy"):
+        assert {s["prompt"] for s in result[name]["samples"]} <= set(prompts), name  # the run's eval prompts
+        assert result[name]["response_length"][0] <= 6, name  # the run's length cap
+
+
 def test_help_and_info_do_not_import_torchrl():
     code = (
         "import sys\nfrom textgym.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

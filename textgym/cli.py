@@ -1,5 +1,5 @@
 """The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``export``, ``rm-train``, ``rm-calibrate``,
-``bench``.
+``bench``, ``serve-rm``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -204,7 +204,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from textgym.agents.evaluate import evaluate, format_eval, run_settings
+    from textgym.agents.evaluate import evaluate, format_eval
 
     kwargs = _env_kwargs(args)
     kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
@@ -213,13 +213,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.temperature is not None:
         kwargs["temperature"] = args.temperature
     # score − β·KL is the objective the policy was trained on: π_ref is measured in the same env
-    # (the run's β, length cap, π_ref and RM; command-line flags override them).
-    ref_kwargs = {**run_settings(args.model), **kwargs}
+    # (the run's β, length cap, eval prompts, π_ref, RM and sampling; command-line flags override them).
     results = {}
     for name, policy in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
         results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
-                                 progress=name if args.progress else False,
-                                 **(ref_kwargs if policy is None else kwargs))  # fmt: skip
+                                 progress=name if args.progress else False, run_of=args.model, **kwargs)  # fmt: skip
         print(format_eval(name, results[name]))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -317,6 +315,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
           f" registered: {', '.join(sorted(ALGORITHMS))})")  # fmt: skip
 
 
+def cmd_serve_rm(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    from textgym.models import DEFAULT_LM, load_tokenizer, resolve_device
+    from textgym.rewards import make_reward_model
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"serve-rm needs {' and '.join(missing)}: pip install 'textgym[serve]'")
+    from textgym.rewards.server import serve
+
+    model = make_reward_model(args.reward_model, "--reward-model", device=resolve_device(args.device))
+    tokenizer = load_tokenizer(args.tokenizer or DEFAULT_LM, name="--tokenizer", require_eos=False)
+    print(f"textgym serve-rm: {model.name} on http://{args.host}:{args.port} (POST /get_reward, POST /score, "
+          "GET /health)", flush=True)  # fmt: skip
+    serve(model, args.host, args.port, tokenizer=tokenizer, max_batch=args.max_batch, max_items=args.max_items)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = _Subparsers(parser.add_subparsers(dest="command", required=True))
@@ -396,6 +412,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--refit", default=None, metavar="OUT", help="recompute a finished benchmark's frontier "
                    "columns, tables and plots from its files (with --frontier-kl: at another KL limit)")  # fmt: skip
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve-rm", help="serve a reward model over HTTP (OpenRLHF's /get_reward and /score)")
+    p.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every one)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port")
+    p.add_argument("--device", default="auto", help="where the reward model runs: auto, cpu, cuda, cuda:N")
+    p.add_argument("--tokenizer", default=None, help="encodes requests sent without token ids (default: embedded "
+                   "LM's)")  # fmt: skip
+    p.add_argument("--max-batch", type=_positive_int, default=64, help="episodes per joined forward")
+    p.add_argument("--max-items", type=_positive_int, default=1024, help="episodes per request (more: HTTP 413)")
+    p.set_defaults(func=cmd_serve_rm)
 
     args = parser.parse_args(argv)
     import torch
