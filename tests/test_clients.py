@@ -227,6 +227,27 @@ def test_help_shows_defaults(capsys):
         assert all(s in text for s in shown), (argv, shown)
 
 
+def test_train_help_gives_every_fields_whole_docstring_entry():
+    """Issue 26.7: a field's help is its whole ``Attributes:`` entry, continuation lines included.
+
+    ``--algo`` used to stop mid-sentence ("``grpo`` (no critic: each (default: ppo)") and fields
+    documented together (``learning_rate, critic_learning_rate:``) had no help at all.
+    """
+    import argparse
+    from dataclasses import fields
+
+    from textgym.agents.ppo.config import PPOConfig, add_config_args
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    helps = {a.dest: " ".join(a.help.split()) for a in parser._actions if a.help}
+    for f in (f for f in fields(PPOConfig) if f.init):  # derived fields are no flags
+        text = helps[f.name].rsplit(" (default: ", 1)[0]
+        assert text and text[-1] in ".)", (f.name, text)  # a whole sentence, never cut
+    assert helps["algo"].startswith("``ppo`` (clipped surrogate") and "Ahmadian et al., 2024)." in helps["algo"]
+    assert helps["learning_rate"].startswith("AdamW step sizes") and helps["lmbda"].startswith("GAE discount")
+
+
 def test_quickstart_is_reproducible(capsys):
     """The quickstart's reset(seed=0) and seeded sampler give one episode, whatever torch's global RNG holds."""
     outs = set()
