@@ -63,6 +63,16 @@ def test_eval_of_a_run_with_eval_prompts_and_top_k_measures_both_in_the_runs_env
         assert result[name]["response_length"][0] <= 6, name  # the run's length cap
 
 
+def test_train_names_only_the_folders_it_wrote(tmp_path):
+    """Issue 26.6: a critic-free run has no ``value/`` folder, so ``train`` does not say it wrote one."""
+    out = run([*TEXTGYM, "train", "--config", "tiny", "--algo", "grpo", "--group-size", "4", "--out",
+               str(tmp_path / "run"), "--total-episodes", "8"])  # fmt: skip
+    wrote = next(line for line in out.splitlines() if line.startswith("wrote "))
+    named = [Path(p) for p in wrote.removeprefix("wrote ").split(", ")]
+    assert {p.name for p in named} == {"metrics.jsonl", "policy", "checkpoint"}
+    assert all(p.exists() for p in named) and not (tmp_path / "run" / "value").exists()
+
+
 def test_help_and_info_do_not_import_torchrl():
     code = (
         "import sys\nfrom textgym.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

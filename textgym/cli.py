@@ -186,6 +186,9 @@ def cmd_play(args: argparse.Namespace) -> None:
               f"tokens {int(ep['response_length'])}")  # fmt: skip
 
 
+RUN_OUTPUTS = ("metrics.jsonl", "policy", "value", "checkpoint")  # what `train` reports writing
+
+
 def cmd_train(args: argparse.Namespace) -> None:
     from textgym.agents.ppo.config import config_from_args
 
@@ -200,7 +203,9 @@ def cmd_train(args: argparse.Namespace) -> None:
         return  # under torchrun rank 0 reports (and wrote the run)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
-    print(f"wrote {cfg.out}/metrics.jsonl, {cfg.out}/policy, {cfg.out}/value, {cfg.out}/checkpoint")
+    # what is on disk, not a fixed list: GRPO and RLOO have no critic, so no value/ folder
+    wrote = [f"{cfg.out}/{name}" for name in RUN_OUTPUTS if (Path(cfg.out) / name).exists()]
+    print(f"wrote {', '.join(wrote)}")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
