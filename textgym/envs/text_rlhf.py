@@ -198,7 +198,7 @@ def _dataset_column(data, column: str, source: str) -> list:
 def _read_utf8(path: Path, source: str) -> str:
     """The file's text; a file that is not UTF-8 raises one error naming it and the first bad byte."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # -sig: a BOM (Windows editors write one) is no prompt text
     except UnicodeDecodeError as err:
         raise ValueError(
             f"{source} is not UTF-8 text: byte 0x{err.object[err.start]:02x} at offset {err.start} ({err.reason}); "
@@ -246,6 +246,29 @@ def _check_nonnegative(name: str, value: Any) -> float:
 def check_kl_coef(value: Any, name: str = "kl_coef") -> float:
     """β as a finite float >= 0, or one ValueError naming it: the one check every entry point uses."""
     return _check_nonnegative(name, value)
+
+
+def _check_vocabulary(model: Any, vocab_size: int, tokenizer) -> None:
+    """Refuse a model with fewer output tokens than its tokenizer has ids: a prompt (or an EOS/PAD id) past
+    the model's rows would fail later inside a forward with an IndexError. More rows than ids (a head
+    padded to a multiple of 64) are fine: the env only reads the first ``vocab_size`` logits.
+    """
+    ids = len(tokenizer)
+    if vocab_size < ids:
+        raise ValueError(
+            f"model={short_repr(str(model) if model is not None else 'the embedded LM')} has {vocab_size} output "
+            f"tokens but its tokenizer has {ids} ids: token ids >= {vocab_size} have no row in the model; give the "
+            "tokenizer the model was trained with (tokenizer=...), or resize the model's embeddings"
+        )
+
+
+def _check_options(options: Any) -> dict[str, Any]:
+    """``reset``'s ``options`` as a dict ({} for None), or one TypeError naming it."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"options={short_repr(options)} must be a dict or None, e.g. {{'prompt': 'The movie was'}}")
+    return options
 
 
 def _check_timeout(value: Any) -> float | None:
@@ -388,6 +411,7 @@ class _Engine:
         tok_arg = ("tokenizer", tokenizer) if tokenizer is not None else ("model", model)
         self.tokenizer = load_tokenizer(tok_arg[1], name=tok_arg[0])
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        _check_vocabulary(model, self.vocab_size, self.tokenizer)
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
         self.stop_array = np.array(sorted(self.stop_ids), dtype=np.int64)
@@ -400,6 +424,7 @@ class _Engine:
         self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
         self.max_new_tokens = max_new_tokens
         self.seq_len = self.max_prompt_tokens + self.max_new_tokens
+        self._check_prompt_room(max_new_tokens)
         _check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
         self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
         if getattr(self.reward_model, "shares_tokenizer", False) and hasattr(self.reward_model, "model"):
@@ -433,13 +458,29 @@ class _Engine:
         encoded = [self.encode_prompt(p) for p in self.prompts]
         longest = max(len(e) for e in encoded)
         width = longest if max_prompt_tokens is None else max_prompt_tokens
+        i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
+        self.longest_prompt = (i, longest)  # named by _check_prompt_room
         if longest > width:
-            i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
             raise ValueError(
                 f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens, more than "
                 f"max_prompt_tokens={width}; prompts are never truncated"
             )
         return width
+
+    def _check_prompt_room(self, max_new_tokens: int) -> None:
+        """Refuse a prompt that leaves no room for the response in the model's positions, naming the prompt.
+
+        Why here and not in :func:`_check_positions` alone: when the longest prompt fills every position,
+        that check's bound on max_new_tokens is negative and points at the wrong argument.
+        """
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        i, longest = self.longest_prompt
+        if isinstance(limit, int) and longest >= limit:  # not even one response token fits
+            raise ValueError(
+                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens; model has {limit} positions, so "
+                f"with max_new_tokens={max_new_tokens} a prompt may be at most {limit - max_new_tokens} tokens "
+                "(prompts are never truncated)"
+            )
 
     @property
     def kl_coef(self) -> float:
@@ -809,7 +850,7 @@ class TextRLHFEnv(gym.Env):
     )
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        options = options or {}
+        options = _check_options(options)
         prompt = options.get("prompt")
         # Check a given prompt before seeding: a refused reset changes nothing, the running
         # episode (if any) steps on and the RNG keeps its state.
@@ -970,7 +1011,7 @@ class TextRLHFVectorEnv(VectorEnv):
         return [None if s is None else int(s) for s in seeds]
 
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        options = options or {}
+        options = _check_options(options)
         mask = options.get("reset_mask")
         if mask is None:
             mask = np.ones(self.num_envs, dtype=bool)

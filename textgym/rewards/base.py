@@ -21,6 +21,7 @@ import torch
 from textgym.utils import short_repr
 
 NORM_FILE = "textgym_reward.json"
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest score the float32 rollout buffers hold
 
 __all__ = [
     "Episodes",
@@ -133,16 +134,19 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
             f"reward model {name!r} raised {type(err).__name__}: {err} (scoring {_batch(episodes, slots)})"
         ) from err
     if isinstance(raw, torch.Tensor):
-        raw = raw.detach().float().cpu().numpy()
+        # float64, not float: a float32 cast would turn 1e39 into inf before the range check names it
+        raw = raw.detach().cpu().numpy() if raw.dtype == torch.bool else raw.detach().double().cpu().numpy()
     try:
         scores = np.asarray(raw)
     except (TypeError, ValueError):  # ragged nesting
         scores = np.asarray(None)
-    # Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word.
-    if scores.dtype.kind not in "biuf":
+    # Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word, and
+    # True into 1.0 (a bool is a verdict, not a score: a verifier returns 1.0 or 0.0 explicitly).
+    if scores.dtype.kind not in "iuf":
         shown = short_repr(raw)
+        hint = " (bool values: return 1.0 or 0.0 to mean a score)" if scores.dtype.kind == "b" else ""
         raise RewardModelError(
-            f"reward model {name!r} returned {type(raw).__name__} {shown}, which is not one float per episode; "
+            f"reward model {name!r} returned {type(raw).__name__} {shown}{hint}, which is not one float per episode; "
             f"expected a sequence, array or tensor of {len(episodes)} real numbers"
         )
     scores = scores.astype(np.float64)
@@ -153,13 +157,15 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
             f"reward model {name!r} returned shape {scores.shape} for {len(episodes)} episodes; "
             f"expected one float per episode, shape ({len(episodes)},)"
         )
-    bad = np.flatnonzero(~np.isfinite(scores))
+    # Finite in float32 too: the rollout's buffers are float32, where 1e308 becomes inf and then NaN weights.
+    bad = np.flatnonzero(~np.isfinite(scores) | (np.abs(scores) > FLOAT32_MAX))
     if bad.size:
         i = int(bad[0])
         where = f"episode {i}" if slots is None else f"episode {i} of the batch (env slot {slots[i]})"
         raise RewardModelError(
             f"reward model {name!r} returned {scores[i]} for {where} (prompt={short_repr(episodes.prompts[i])}, "
-            f"response={short_repr(episodes.responses[i])}); scores must be finite"
+            f"response={short_repr(episodes.responses[i])}); scores must be finite, also when stored as float32 "
+            f"(|score| <= {FLOAT32_MAX:.4g}): this one is not finite in float32"
         )
     return scores
 
