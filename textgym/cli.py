@@ -1,5 +1,5 @@
 """The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``export``, ``rm-train``, ``rm-calibrate``,
-``bench``.
+``bench``, ``serve-rm``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -320,6 +320,24 @@ def cmd_bench(args: argparse.Namespace) -> None:
           f" registered: {', '.join(sorted(ALGORITHMS))})")  # fmt: skip
 
 
+def cmd_serve_rm(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    from textgym.models import DEFAULT_LM, load_tokenizer, resolve_device
+    from textgym.rewards import make_reward_model
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"serve-rm needs {' and '.join(missing)}: pip install 'textgym[serve]'")
+    from textgym.rewards.server import serve
+
+    model = make_reward_model(args.reward_model, "--reward-model", device=resolve_device(args.device))
+    tokenizer = load_tokenizer(args.tokenizer or DEFAULT_LM, name="--tokenizer", require_eos=False)
+    print(f"textgym serve-rm: {model.name} on http://{args.host}:{args.port} (POST /get_reward, POST /score, "
+          "GET /health)", flush=True)  # fmt: skip
+    serve(model, args.host, args.port, tokenizer=tokenizer, max_batch=args.max_batch, max_items=args.max_items)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = _Subparsers(parser.add_subparsers(dest="command", required=True))
@@ -399,6 +417,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--refit", default=None, metavar="OUT", help="recompute a finished benchmark's frontier "
                    "columns, tables and plots from its files (with --frontier-kl: at another KL limit)")  # fmt: skip
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("serve-rm", help="serve a reward model over HTTP (OpenRLHF's /get_reward and /score)")
+    p.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every one)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port")
+    p.add_argument("--device", default="auto", help="where the reward model runs: auto, cpu, cuda, cuda:N")
+    p.add_argument("--tokenizer", default=None, help="encodes requests sent without token ids (default: embedded "
+                   "LM's)")  # fmt: skip
+    p.add_argument("--max-batch", type=_positive_int, default=64, help="episodes per joined forward")
+    p.add_argument("--max-items", type=_positive_int, default=1024, help="episodes per request (more: HTTP 413)")
+    p.set_defaults(func=cmd_serve_rm)
 
     args = parser.parse_args(argv)
     import torch

@@ -17,6 +17,7 @@ from textgym.rewards.builtin import (
     VaderScorer,
     WeightedSumReward,
 )
+from textgym.rewards.http import HTTPRewardModel
 from textgym.rewards.registry import ENTRY_POINT_GROUP, make_reward_model, register, registered_names
 from textgym.rewards.verifiers import ArithmeticVerifier  # registers "arithmetic"
 
@@ -26,6 +27,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Episodes",
     "HFRewardModel",
+    "HTTPRewardModel",
     "KeywordReward",
     "LengthReward",
     "RewardModel",

@@ -116,14 +116,18 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
 
     Args:
         slots: the env slot of each episode, named in errors (episode i of a batch is not slot i).
-        timeout: seconds to wait for ``model.score`` (None: no limit).
+        timeout: seconds to wait for ``model.score`` (None: no limit). A model with ``enforces_timeout = True``
+            (an HTTP client) gets it as ``score(episodes, timeout=...)`` and keeps it itself.
 
     Raises:
         RewardModelError: naming the reward model, the batch and, for a bad value, the offending episode.
     """
     name = getattr(model, "name", type(model).__name__)
     try:
-        raw = model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
+        if getattr(model, "enforces_timeout", False):  # a remote model times its own request out
+            raw = model.score(episodes, timeout=timeout)
+        else:
+            raw = model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
     except _Hung:
         raise RewardModelError(
             f"reward model {name!r} did not return within reward_timeout={timeout} s on {_batch(episodes, slots)}; "

@@ -3,6 +3,8 @@
 Routes, tried in this order:
 
 1. an object with a ``score`` method (used as is) or a plain callable ``f(prompts, responses)``;
+   an ``http(s)://HOST:PORT/get_reward`` (OpenRLHF) or ``.../score`` (``textgym serve-rm``) URL: a
+   reward model served over HTTP (:mod:`textgym.rewards.http`);
 2. a registered name (``"default"``, ``"vader"`` and whatever ``register`` added);
 3. a name published by an installed package in the entry-point group ``textgym.reward_models``;
 4. a ``"package.module:attr"`` string (the attribute is a reward model, a factory or a callable); the
@@ -27,6 +29,7 @@ from typing import Any
 
 from textgym.rewards.base import RewardModel
 from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer
+from textgym.rewards.http import HTTPRewardModel, is_url
 
 ENTRY_POINT_GROUP = "textgym.reward_models"
 
@@ -144,6 +147,8 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
     if not isinstance(spec, (str, os.PathLike)):
         return _from_object(spec, getattr(spec, "name", None) or getattr(spec, "__name__", type(spec).__name__))
     text = os.fspath(spec)
+    if is_url(text):
+        return HTTPRewardModel(text)
     if text in _REGISTRY:
         return _call_factory(text, _REGISTRY[text], kwargs)
     eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == text]
@@ -159,5 +164,5 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
         return HFRewardModel(text, **kwargs)
     raise ValueError(
         f"{argument}={text!r} is not a registered name ({', '.join(registered_names())}), "
-        "an existing folder, a hub id 'org/name' or a 'package.module:attr' string"
+        "an existing folder, a hub id 'org/name', a 'package.module:attr' string or an http(s):// URL"
     )
