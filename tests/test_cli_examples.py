@@ -1,6 +1,7 @@
 """Every CLI command, example and bench script runs with a tiny budget (subprocesses, as a user runs them)."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,11 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTGYM = [sys.executable, "-m", "textgym.cli"]
+WARNING = re.compile(r"Warning\b|^W\d{4} ", re.M)  # "UserWarning: …", torchrun's "W1202 11:32:25 …"
 
 
-def run(cmd, timeout=300):
+def run(cmd, timeout=300, quiet=False):
+    """``cmd``'s stdout; it must succeed, and with ``quiet`` print no warning (Python's, or a launcher's W-line)."""
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert not (quiet and WARNING.search(proc.stderr)), f"{cmd} warned:\n{proc.stderr[-3000:]}"
     return proc.stdout
 
 
@@ -71,6 +75,30 @@ def test_train_names_only_the_folders_it_wrote(tmp_path):
     named = [Path(p) for p in wrote.removeprefix("wrote ").split(", ")]
     assert {p.name for p in named} == {"metrics.jsonl", "policy", "checkpoint"}
     assert all(p.exists() for p in named) and not (tmp_path / "run" / "value").exists()
+
+
+def test_the_demo_preset_trains_and_evaluates_without_a_warning(tmp_path):
+    """Issue 26.5: the embedded RM's stored mean/std were measured at 32 tokens, the demo runs 24.
+
+    The run measures them under π_ref at its own length cap (and records them, so ``eval`` pays the
+    same score) instead of warning that π_ref's standardised score is not 0.
+    """
+    run([*TEXTGYM, "train", "--config", "demo", "--out", str(tmp_path / "run"), "--total-episodes", "8",
+         "--num-envs", "8", "--no-progress"], quiet=True)  # fmt: skip
+    mean, std = json.loads((tmp_path / "run" / "policy" / "textgym_run.json").read_text())["normalize_reward"]
+    stored = json.loads((ROOT / "textgym" / "assets" / "rm" / "textgym_reward.json").read_text())
+    assert stored["max_new_tokens"] == 32 and (mean, std) != (stored["mean"], stored["std"]) and std > 0
+    run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "8", "--num-envs", "8",
+         "--no-progress"], quiet=True)  # fmt: skip
+
+
+def test_a_lora_run_and_its_merged_export_print_no_warning(tmp_path):
+    """Issue 26.5: peft's wrap read a property transformers 5 deprecated: a FutureWarning on every LoRA load."""
+    run([*TEXTGYM, "train", "--config", "tiny", "--lora-rank", "2", "--out", str(tmp_path / "run"),
+         "--total-episodes", "8"], quiet=True)  # fmt: skip
+    run([*TEXTGYM, "export", str(tmp_path / "run" / "policy"), "--merge", "--out", str(tmp_path / "merged")],
+        quiet=True)  # fmt: skip
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
 
 
 def test_help_and_info_do_not_import_torchrl():

@@ -11,6 +11,8 @@ import contextlib
 import functools
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,6 +59,7 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "pad_id_for",
+    "quiet_peft",
     "resolve_device",
     "resolve_dtype",
     "response_logprobs",
@@ -339,7 +342,21 @@ def load_lora_merged(folder: str | os.PathLike, name: str = "model", dtype=None)
     if not base_src:
         raise ValueError(f"{name}={os.fspath(folder)!r}: adapter_config.json does not name its base model")
     base, _ = load_pretrained(AutoModelForCausalLM, base_src, f"{name} (the adapters' base)", "a causal LM", dtype)
-    return PeftModel.from_pretrained(base, os.fspath(folder)).merge_and_unload()
+    with quiet_peft():
+        return PeftModel.from_pretrained(base, os.fspath(folder)).merge_and_unload()
+
+
+@contextlib.contextmanager
+def quiet_peft() -> Iterator[None]:
+    """Silence the one FutureWarning peft's wrappers raise through transformers 5 (and nothing else).
+
+    ``PeftModel`` reads ``model.is_gradient_checkpointing``, which transformers 5 deprecated for
+    ``is_activation_checkpointing``: every LoRA wrap then warns about code neither textgym nor its
+    user wrote or can change.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 FP32_ATTENTION = "textgym_sdpa_fp32_under_cpu_autocast"

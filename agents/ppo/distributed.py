@@ -78,9 +78,10 @@ def wrap(model: torch.nn.Module | None, device: torch.device) -> torch.nn.Module
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    # buffers (rotary tables) are the same everywhere: no broadcast before every forward
+    # buffers (rotary tables) are the same everywhere: no broadcast before every forward (torch 2.13's
+    # name for it; its sync at init copies rank 0's equal buffers once)
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+    return DistributedDataParallel(model, device_ids=ids, forward_sync_buffers=False)
 
 
 def broadcast_object(obj: T) -> T:

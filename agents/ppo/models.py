@@ -23,7 +23,7 @@ from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
 from textgym.functional import position_ids_from_mask
-from textgym.models import use_fp32_attention
+from textgym.models import quiet_peft, use_fp32_attention
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,8 @@ def make_lora_actor(ref_model: nn.Module, rank: int, alpha: float | None, env) -
     config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
                         task_type="CAUSAL_LM")  # fmt: skip
     use_fp32_attention(ref_model)  # call for call the same outside autocast, where the env's π_ref runs
-    policy = get_peft_model(ref_model, config)  # adapters injected into ref_model's modules, only they train
+    with quiet_peft():
+        policy = get_peft_model(ref_model, config)  # adapters injected into ref_model's modules, only they train
     env.reference_context = policy.disable_adapter
     policy.eval()
     return policy
@@ -161,7 +162,8 @@ def make_critic(reward_model, policy: nn.Module, lora: tuple[int, float | None] 
         head = "score" if hasattr(critic, "score") else "classifier"  # trained in full (peft's modules_to_save)
         config = LoraConfig(r=rank, lora_alpha=alpha or 2 * rank, lora_dropout=0.0, target_modules="all-linear",
                             exclude_modules=[head], task_type="TOKEN_CLS")  # fmt: skip
-        critic = get_peft_model(critic, config)
+        with quiet_peft():
+            critic = get_peft_model(critic, config)
     critic.eval()
     return critic
 

@@ -36,6 +36,7 @@ from textgym.utils import (
 
 from ..evaluate import RUN_INFO
 from . import distributed
+from .calibration import run_norm
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
 from .kl import make_kl_controller
 from .models import (
@@ -94,6 +95,8 @@ class Trainer:
         ``normalize_reward=(mean, std)`` and prompt block), applied over ``cfg.env_kwargs()``.
         """
         device = distributed.init(resolve_device(cfg.device))  # under torchrun: this rank's device
+        # the RM standardised at this run's length cap (before the seeds: calibration has its own)
+        env_overrides = {**run_norm(cfg, device, env_overrides), **(env_overrides or {})}
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -477,6 +480,8 @@ class Trainer:
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
         settings = ("model", "reward_model", "top_k", "top_p", "eval_prompts", "normalize_reward")
         info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
+        if isinstance(norm := self.env_overrides.get("normalize_reward"), tuple | list):
+            info["normalize_reward"] = list(norm)  # the run's own calibration: eval standardises alike
         return info | ({"chat_template": True} if cfg.chat_template else {})
 
     def load(self, ckpt: Path) -> None:

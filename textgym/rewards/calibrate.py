@@ -9,20 +9,29 @@ import torch
 from textgym.episodes import collect_episodes
 from textgym.policies import LMSampler
 
-__all__ = ["calibrate", "sample_episodes"]
+__all__ = ["calibrate", "raw_envs", "sample_episodes"]
+
+
+def raw_envs(num_envs: int = 64, env_id: str = "TextRLHF-v0", **env_kwargs):
+    """The native vector env of ``env_kwargs`` paying the raw RM score (what calibration samples in)."""
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
+                        autoreset_mode="disabled", **{**env_kwargs, "normalize_reward": False})  # fmt: skip
 
 
 @torch.no_grad()
-def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_id: str = "TextRLHF-v0",
-                    **env_kwargs) -> list[dict]:  # fmt: skip
-    """Finished episodes of π_ref sampled at temperature 1 (the env's model) on the env's prompts.
+def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_id: str = "TextRLHF-v0", *,
+                    envs=None, temperature: float = 1.0, **env_kwargs) -> list[dict]:  # fmt: skip
+    """Finished episodes of π_ref (the env's model) sampled at ``temperature`` on the env's prompts.
 
-    ``env_kwargs`` go to ``gym.make_vec(env_id, ...)``; the reward is left raw.
-    Each row has ``prompt``, ``response``, ``rm_score`` and ``gold_score``.
+    ``envs``: a raw-reward vector env to sample in (:func:`raw_envs`; left open), else one is built
+    from ``env_id`` and ``env_kwargs`` and closed. Each row has ``prompt``, ``response``,
+    ``rm_score`` and ``gold_score``.
     """
-    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        autoreset_mode="disabled", **{**env_kwargs, "normalize_reward": False})  # fmt: skip
-    policy = LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
+    own = envs is None
+    envs = raw_envs(num_envs, env_id, **env_kwargs) if own else envs
+    num_envs = envs.num_envs
+    generator = torch.Generator(device=envs.unwrapped.model.device).manual_seed(seed)
+    policy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=temperature, generator=generator)
     rows: list[dict] = []
     while len(rows) < episodes:
         first = not rows
@@ -31,7 +40,8 @@ def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_
         rows.extend({k: done[k][i] if k in ("prompt", "response") else float(done[k][i])
                      for k in ("prompt", "response", "rm_score", "gold_score")}
                     for i in range(done.batch_size[0]))  # fmt: skip
-    envs.close()
+    if own:
+        envs.close()
     return rows
 
 
