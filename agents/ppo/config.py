@@ -22,7 +22,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, aft
 # Every other field defines the run (models, env, seed, algorithm): a change is refused.
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
-               "eval_episodes", "ray_address")  # fmt: skip
+               "eval_episodes", "ray_address", "report_to")  # fmt: skip
 
 
 @dataclass
@@ -101,6 +101,8 @@ class PPOConfig:
         max_grad_norm: gradient-norm clip for each model.
         checkpoint_every: iterations between checkpoints (the last one is always saved).
         progress: show a progress bar.
+        report_to: where metrics, samples and the config go besides the run folder: a comma-separated list of
+            ``tensorboard`` (``OUT/tensorboard``), ``wandb``, ``mlflow``, or ``none`` (see ``reporting``).
         samples_every: iterations between writing sample completions to ``samples.jsonl`` and TensorBoard (0: never).
         num_samples: completions written each time (the first episodes of the rollout).
         eval_every: iterations between evaluations on the held-out eval prompts (0: never); the results join
@@ -159,6 +161,7 @@ class PPOConfig:
     max_grad_norm: float = 1.0
     checkpoint_every: int = 10
     progress: bool = True
+    report_to: str = "tensorboard"
     samples_every: int = 10
     num_samples: int = 4
     eval_every: int = 0
@@ -237,6 +240,9 @@ class PPOConfig:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
         if self.early_stop_kl is not None and not (math.isfinite(self.early_stop_kl) and self.early_stop_kl > 0):
             raise ValueError(f"early_stop_kl={self.early_stop_kl!r} must be a finite float > 0 or None (never stop)")
+        from .reporting import check_reporters  # names and installed packages only: no backend imported
+
+        check_reporters(self.report_to)
         self._check_workers()
 
     def _check_workers(self) -> None:

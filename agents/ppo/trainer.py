@@ -798,26 +798,19 @@ def _clear_run(out: Path) -> None:
             path.unlink()
 
 
-def _log_row(writer, bar, row: dict[str, float]) -> None:
-    for key, value in row.items():
-        if key.startswith("eval_"):
-            writer.add_scalar(f"eval/{key.removeprefix('eval_')}", value, row["iteration"])
-        elif key != "iteration":
-            writer.add_scalar(f"ppo/{key}", value, row["iteration"])
+def _log_row(reporter, bar, row: dict[str, float]) -> None:
+    reporter.log_row(row)
     # the postfix first, then one refresh: a set_postfix after update() drew the last line a second time
     bar.set_postfix(score=f"{row['score']:+.2f}", gold=f"{row['gold_score']:+.2f}", kl=f"{row['kl']:.2f}",
                     refresh=False)  # fmt: skip
     bar.update()
 
 
-def _log_samples(out: Path, writer, rows: list[dict[str, Any]]) -> None:
-    """Append sample completions to ``samples.jsonl`` and show them as a TensorBoard text table."""
+def _log_samples(out: Path, reporter, rows: list[dict[str, Any]]) -> None:
+    """Append sample completions to ``samples.jsonl`` and hand them to the reporters (a table in each)."""
     with (out / SAMPLES).open("a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
-    table = ["| prompt | response | score | gold | KL |", "|---|---|---|---|---|"]
-    table += [f"| {r['prompt']!r} | {r['response']!r} | {r['score']:+.2f} | {r['gold_score']:+.2f} | {r['kl']:.2f} |"
-              for r in rows]  # fmt: skip
-    writer.add_text("samples", "\n".join(table), rows[0]["iteration"])
+    reporter.log_samples(rows)
 
 
 def _keep_samples(out: Path, iteration: int) -> None:
@@ -865,8 +858,9 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     :func:`check_resume_config` for what a resume may change. Started by torchrun, every rank
     trains (:mod:`.distributed`) and rank 0 alone locks the folder and writes to it.
     """
-    from torch.utils.tensorboard import SummaryWriter
     from tqdm.auto import tqdm
+
+    from .reporting import make_reporter
 
     out = Path(cfg.out)
     joined = not distributed.initialized()
@@ -876,35 +870,35 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
         out.mkdir(parents=True, exist_ok=True)
     with lock_folder(out, "out") if main else contextlib.nullcontext():
         trainer, history = _start(out, cfg, overwrite)
-        writer = SummaryWriter(str(out / "tensorboard")) if main else None
+        reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
         bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo",
                    disable=not (cfg.progress and main))  # fmt: skip
         try:
             while trainer.iteration_done < cfg.num_iterations:
                 row = trainer.iteration()
                 if main:
-                    _record(out, trainer, writer, bar, row)
+                    _record(out, trainer, reporter, bar, row)
                 history.append(row)
         finally:
             bar.close()
-            if writer is not None:
-                writer.close()
+            if reporter is not None:
+                reporter.close()
             trainer.close()
             if joined:
                 distributed.leave()
     return history
 
 
-def _record(out: Path, trainer: Trainer, writer, bar, row: dict[str, float]) -> None:
-    """Rank 0's part of an iteration: evaluation, samples, the metrics row, TensorBoard, the checkpoint."""
+def _record(out: Path, trainer: Trainer, reporter, bar, row: dict[str, float]) -> None:
+    """Rank 0's part of an iteration: evaluation, samples, the metrics row, the reporters, the checkpoint."""
     cfg = trainer.cfg
     if cfg.eval_every and trainer.iteration_done % cfg.eval_every == 0:
         row.update(trainer.evaluate())
     if cfg.samples_every and trainer.iteration_done % cfg.samples_every == 0:
-        _log_samples(out, writer, trainer.samples())
+        _log_samples(out, reporter, trainer.samples())
     with (out / METRICS).open("a") as f:
         f.write(json.dumps(row) + "\n")
-    _log_row(writer, bar, row)
+    _log_row(reporter, bar, row)
     last = trainer.iteration_done == cfg.num_iterations
     if last:
         bar.close()  # its final line once, before anything the last save prints

@@ -1,0 +1,210 @@
+"""Where a run's metrics, samples and config go besides its folder: ``report_to="tensorboard,wandb,mlflow"``.
+
+Every reporter gets the same four calls from the trainer (rank 0 only): ``log_config`` once at the start,
+``log_row`` after each iteration (step = the iteration), ``log_samples`` when samples are drawn, ``close``
+at the end. Metric names are the same everywhere: ``ppo/<key>`` for a ``metrics.jsonl`` key and
+``eval/<key>`` for its ``eval_<key>`` ones (docs/logging.md maps them to TRL's names).
+
+- ``tensorboard``: event files in ``OUT/tensorboard`` (the default).
+- ``wandb``: a Weights & Biases run (project ``$WANDB_PROJECT`` or ``textgym``, named after ``OUT``, files in
+  ``OUT/wandb``); ``WANDB_MODE=offline`` keeps it on disk (``wandb sync`` uploads it later).
+- ``mlflow``: an MLflow run in ``$MLFLOW_TRACKING_URI`` (MLflow's default store otherwise), experiment
+  ``$MLFLOW_EXPERIMENT_NAME`` or ``textgym``; the config as parameters and ``config.json``, samples as JSON
+  tables under ``samples/``.
+- ``none``: only the run folder's own files.
+
+wandb and mlflow are optional (``pip install 'textgym[report]'``) and imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+REPORTERS = ("tensorboard", "wandb", "mlflow")
+_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # what each one imports
+SAMPLE_COLUMNS = ("iteration", "prompt", "response", "score", "gold_score", "kl")
+
+__all__ = ["REPORTERS", "Reporter", "check_reporters", "make_reporter", "metric_name", "parse_report_to"]
+
+
+class Reporter(Protocol):
+    """What the trainer calls; each backend implements these four."""
+
+    def log_config(self, config: dict[str, Any]) -> None: ...
+
+    def log_row(self, row: dict[str, float]) -> None: ...
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def parse_report_to(text: str) -> tuple[str, ...]:
+    """``"tensorboard,wandb"`` as ``("tensorboard", "wandb")``; ``"none"`` as ``()``.
+
+    Raises:
+        ValueError: naming ``report_to``, the value and the allowed names.
+    """
+    names = tuple(dict.fromkeys(n.strip() for n in str(text).split(",") if n.strip()))
+    if names == ("none",):
+        return ()
+    bad = [n for n in names if n not in REPORTERS]
+    if bad or not names:
+        raise ValueError(f"report_to={text!r} must be a comma-separated list of {', '.join(REPORTERS)}, or 'none'")
+    return names
+
+
+def check_reporters(report_to: str) -> tuple[str, ...]:
+    """:func:`parse_report_to`, and each named backend importable (checked before a run folder is touched).
+
+    Raises:
+        ValueError: naming ``report_to`` and the extra to install.
+    """
+    names = parse_report_to(report_to)
+    missing = [n for n in names if importlib.util.find_spec(_PACKAGES[n]) is None]
+    if missing:
+        raise ValueError(f"report_to={report_to!r}: {', '.join(missing)} is not installed; "
+                         "pip install 'textgym[report]'")  # fmt: skip
+    return names
+
+
+def metric_name(key: str) -> str:
+    """The name a ``metrics.jsonl`` key is reported under: ``eval/<key>`` for ``eval_<key>``, else ``ppo/<key>``."""
+    return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"ppo/{key}"
+
+
+def _scalars(row: dict[str, float]) -> dict[str, float]:
+    """A metrics row's values by reported name (the step, ``iteration``, is not a metric)."""
+    return {metric_name(k): float(v) for k, v in row.items() if k != "iteration" and isinstance(v, (int, float))}
+
+
+def _sample_table(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    return [[r.get(c) for c in SAMPLE_COLUMNS] for r in rows]
+
+
+def make_reporter(report_to: str, out: str | Path, config: dict[str, Any]) -> Reporter:
+    """The reporters ``report_to`` names, as one, with ``config`` already logged to each."""
+    reporters = [_BUILDERS[name](Path(out), config) for name in parse_report_to(report_to)]
+    reporter = _Fanout(reporters)
+    reporter.log_config(config)
+    return reporter
+
+
+class _Fanout:
+    """Several reporters as one (each call goes to every one, in order)."""
+
+    def __init__(self, reporters: list[Reporter]):
+        self.reporters = reporters
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        for r in self.reporters:
+            r.log_config(config)
+
+    def log_row(self, row: dict[str, float]) -> None:
+        for r in self.reporters:
+            r.log_row(row)
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None:
+        if rows:
+            for r in self.reporters:
+                r.log_samples(rows)
+
+    def close(self) -> None:
+        for r in self.reporters:
+            r.close()
+
+
+class TensorBoardReporter:
+    """Scalars, a markdown samples table and the config as text in ``OUT/tensorboard``."""
+
+    def __init__(self, out: Path, config: dict[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(out / "tensorboard"))
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        # indented four spaces: TensorBoard renders text as markdown, and this keeps the JSON a code block
+        self.writer.add_text("config", "\n".join("    " + line for line in json.dumps(config, indent=2).splitlines()))
+
+    def log_row(self, row: dict[str, float]) -> None:
+        for name, value in _scalars(row).items():
+            self.writer.add_scalar(name, value, row["iteration"])
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None:
+        table = ["| prompt | response | score | gold | KL |", "|---|---|---|---|---|"]
+        table += [f"| {r['prompt']!r} | {r['response']!r} | {r['score']:+.2f} | {r['gold_score']:+.2f} | "
+                  f"{r['kl']:.2f} |" for r in rows]  # fmt: skip
+        self.writer.add_text("samples", "\n".join(table), rows[0]["iteration"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbReporter:
+    """A Weights & Biases run: scalars at step = iteration, a ``samples`` table, the config as the run's config."""
+
+    def __init__(self, out: Path, config: dict[str, Any]):
+        import wandb
+
+        self.wandb = wandb
+        (out / "wandb").mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "textgym"), name=out.resolve().name,
+                              dir=str(out), config=config, reinit="create_new")  # fmt: skip
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        self.run.config.update(config, allow_val_change=True)
+
+    def log_row(self, row: dict[str, float]) -> None:
+        self.run.log(_scalars(row), step=int(row["iteration"]))
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None:
+        table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_sample_table(rows))
+        self.run.log({"samples": table}, step=int(rows[0]["iteration"]))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MLflowReporter:
+    """An MLflow run through ``MlflowClient`` (no global active run: a caller's own run is left alone)."""
+
+    def __init__(self, out: Path, config: dict[str, Any]):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient()
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "textgym")
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        self.run_id = self.client.create_run(experiment_id, run_name=out.resolve().name).info.run_id
+
+    def log_config(self, config: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        # parameters are strings of bounded length; the exact config is the config.json artifact
+        params = [Param(k, json.dumps(v)[:500]) for k, v in config.items()]
+        self.client.log_batch(self.run_id, params=params)
+        self.client.log_dict(self.run_id, config, "config.json")
+
+    def log_row(self, row: dict[str, float]) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now, step = int(time.time() * 1000), int(row["iteration"])
+        metrics = [Metric(k, v, now, step) for k, v in _scalars(row).items() if math.isfinite(v)]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_samples(self, rows: list[dict[str, Any]]) -> None:
+        table = {"columns": list(SAMPLE_COLUMNS), "data": _sample_table(rows)}
+        self.client.log_dict(self.run_id, table, f"samples/iteration_{int(rows[0]['iteration']):06d}.json")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+_BUILDERS = {"tensorboard": TensorBoardReporter, "wandb": WandbReporter, "mlflow": MLflowReporter}
