@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -114,6 +115,20 @@ def test_a_request_over_the_size_limits_is_refused_with_413(server):
     assert too_big.status_code == 413 and "bytes" in too_big.json()["error"]
 
 
+def test_the_load_bench_measures_the_server(server):
+    """bench/rm_server_load.py's measurement, on the shared server with a small bounded load."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rm_server_load", ROOT / "bench" / "rm_server_load.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.load(server, batch=4, clients=3, requests=9, seconds=120)
+    assert result["requests"] == 9 and result["batch"] == 4
+    assert 0 < result["p50_ms"] <= result["p99_ms"]
+    assert result["episodes_per_s"] == pytest.approx(4 * result["req_per_s"])
+    assert 4 <= result["episodes_per_call"] <= 12  # whole requests, at most the three clients' joined
+
+
 def run_cli(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
@@ -152,6 +167,30 @@ def test_a_run_waits_for_a_restarted_server_and_equals_an_uninterrupted_run(tmp_
     assert len(restarted) == 4
     for a, b in zip(straight, restarted):
         assert {k: a[k] for k in ("score", "gold_score", "kl")} == {k: b[k] for k in ("score", "gold_score", "kl")}
+
+
+def readme_commands() -> list[list[str]]:
+    """The two commands of the README's "A reward model on another machine" block, as argument lists."""
+    text = (ROOT / "README.md").read_text().split("### A reward model on another machine", 1)[1]
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [shlex.split(line) for line in block.strip().splitlines()]
+
+
+def test_the_readme_commands_serve_and_train(tmp_path):
+    """The README's two terminals, as written but for the port (a free one) and the output folder (in tmp)."""
+    serve, train = readme_commands()
+    assert serve[:2] == [".venv/bin/textgym", "serve-rm"] and train[:2] == [".venv/bin/textgym", "train"]
+    port = str(free_port())
+    serve = [*TEXTGYM, *(a.replace("8000", port) for a in serve[1:])]
+    train = [*TEXTGYM, *(a.replace("8000", port).replace("runs/tiny-remote", str(tmp_path / "run")) for a in train[1:])]
+    proc = start_server(int(port), command=serve)
+    try:
+        out = run_cli(train).stdout
+        calls = httpx.get(f"http://127.0.0.1:{port}/health").json()["score_calls"]
+    finally:
+        stop(proc)
+    assert len(metrics(tmp_path / "run")) == 2 and '"iteration": 2' in out
+    assert calls >= 2  # the run's episodes were scored by the server
 
 
 # ---------------------------------------------------------------- the app in process
