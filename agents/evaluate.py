@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,9 @@ from textgym.envs import load_prompts
 from textgym.episodes import collect_episodes
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
+from textgym.rewards import registered_names
 
-__all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings"]
+__all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings", "run_settings_note"]
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id",
@@ -32,17 +33,47 @@ ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "re
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 
-def run_settings(policy: str | None) -> dict[str, Any]:
+def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str, Any]:
     """The settings a saved policy was trained with (``RUN_INFO`` beside it), or {} for π_ref or an HF folder.
 
     ``kl_coef`` is the β of its last rollout, so score − β·KL is the objective it was updated on;
     ``temperature``, ``top_k`` and ``top_p`` are how it sampled; the rest are env arguments.
+
+    A model folder is data: its run info may name a reward model by a registered name or a path to
+    weights, never a ``module:attr`` (importing it would run code shipped beside the weights), unless
+    the caller gives that same argument itself (``given``, e.g. ``--reward-model``).
+
+    Raises:
+        ValueError: the run info names a ``module:attr`` reward model that ``given`` does not override.
     """
     path = Path(policy) / RUN_INFO if policy is not None else None
     if path is None or not path.is_file():
         return {}
     run = json.loads(path.read_text())
-    return {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
+    run = {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
+    if "reward_model" not in given and _names_code(run.get("reward_model")):
+        raise ValueError(
+            f"{path} names reward_model={run['reward_model']!r}, a 'module:attr' that would be imported (its code "
+            "run); a run-info file may name a reward model only by a registered name or a path to weights. If you "
+            f"trust it, pass it yourself: --reward-model {run['reward_model']!r} (Python: reward_model=...)"
+        )
+    return run
+
+
+def _names_code(spec: Any) -> bool:
+    """Whether ``reward_model=spec`` resolves by importing a module (see :func:`textgym.rewards.make_reward_model`)."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return False
+    return spec not in registered_names() and not Path(spec).exists()
+
+
+def run_settings_note(policy: str | None, given: Mapping[str, Any]) -> str | None:
+    """What an evaluation of ``policy`` takes from its run info (settings ``given`` does not override), as text."""
+    taken = {k: v for k, v in run_settings(policy, given).items() if k not in given}
+    if not taken:
+        return None
+    listing = ", ".join(f"{k}={v}" for k, v in taken.items())
+    return f"from {Path(str(policy)) / RUN_INFO}: {listing} (flags override them)"
 
 
 def distinct_n(responses: list[list[int]], n: int) -> float:
@@ -140,7 +171,7 @@ def evaluate(
         ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
         ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
-    run = run_settings(policy if run_of is None else run_of)
+    run = run_settings(policy if run_of is None else run_of, given=env_kwargs)
     run_temperature = run.pop("temperature", 1.0)
     temperature = temperature if temperature is not None else run_temperature
     sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
+from textgym.rewards.base import RewardModelError
 from textgym.utils import FolderInUseError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -209,7 +211,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from textgym.agents.evaluate import evaluate, format_eval
+    from textgym.agents.evaluate import evaluate, format_eval, run_settings_note
 
     kwargs = _env_kwargs(args)
     kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
@@ -217,6 +219,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         kwargs["model"] = args.ref_model
     if args.temperature is not None:
         kwargs["temperature"] = args.temperature
+    if note := run_settings_note(args.model, kwargs):  # the user sees what a model folder chose
+        print(f"textgym eval: {note}", file=sys.stderr)
     # score − β·KL is the objective the policy was trained on: π_ref is measured in the same env
     # (the run's β, length cap, eval prompts, π_ref, RM and sampling; command-line flags override them).
     results = {}
@@ -436,9 +440,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         set_threads(args.threads)
         args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, FolderInUseError) as err:
+    except (ValueError, OSError, FolderInUseError, RewardModelError, FloatingPointError) as err:
+        # OSError: a full disk or a read-only --out; FloatingPointError: a non-finite loss or weight refused
         print(f"textgym {args.command}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during train (which said what its run folder holds)
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
     finally:
         torch.set_num_threads(threads)  # main() called from Python leaves the caller's setting
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 __all__ = [
     "FolderInUseError",
+    "check_writable_folder",
     "lock_folder",
     "recover_folder",
     "link_files",
@@ -63,10 +65,34 @@ def save_folder_atomically(out: str | Path, write: Callable[[Path], object]) -> 
         _follow_umask(tmp)
         _fsync_tree(tmp)
         os.rename(tmp, _sibling(out, "new"))
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _disk_full(err, out.parent):
+            raise OSError(errno.ENOSPC, f"no space left on the device holding {out} while saving it "
+                          f"({_free_bytes(out.parent) / 2**20:.1f} MiB free); the previous {out.name} is kept: free "
+                          f"some space and run again ({type(err).__name__}: {err})") from err  # fmt: skip
         raise
     _swap_in(out)
+
+
+def _disk_full(err: BaseException, folder: Path) -> bool:
+    """Whether ``err`` of a write into ``folder`` means the disk is full.
+
+    Why both tests: ``open``/``write`` say ENOSPC, but torch's zip writer reports a short write as a
+    RuntimeError ("enforce fail at inline_container.cc ... unexpected pos"), which only a nearly
+    empty disk explains.
+    """
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(err, RuntimeError) and "unexpected pos" in str(err) and _free_bytes(folder) < 64 * 2**20
+
+
+def _free_bytes(folder: Path) -> int:
+    """Bytes this process may still write on the file system holding ``folder``."""
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 1 << 62  # unknown: never blame the disk without seeing it
 
 
 def link_files(src: str | Path, dst: str | Path) -> None:
@@ -166,6 +192,31 @@ def write_text_atomically(path: str | Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def check_writable_folder(folder: str | Path, argument: str = "folder") -> None:
+    """Create ``folder`` if needed and check that this process can write into it.
+
+    Raises:
+        PermissionError: naming ``argument``, the folder and why (no permission, a read-only file system).
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PermissionError(err.errno, f"{argument}={str(folder)!r} cannot be created ({err.strerror}); "
+                              "give a folder you can write") from None  # fmt: skip
+    if not os.access(folder, os.W_OK | os.X_OK):
+        why = "a read-only file system" if _read_only_mount(folder) else "no write permission for this user"
+        raise PermissionError(errno.EACCES, f"{argument}={str(folder)!r} is not writable ({why}); give a folder "
+                              "you can write")  # fmt: skip
+
+
+def _read_only_mount(folder: Path) -> bool:
+    try:
+        return bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
 # ---------------------------------------------------------------- lock
 @contextlib.contextmanager
 def lock_folder(folder: str | Path, argument: str = "folder") -> Iterator[None]:
@@ -190,7 +241,7 @@ def _acquire(path: Path, argument: str) -> int:
     import fcntl
 
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(path, argument)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -205,6 +256,30 @@ def _acquire(path: Path, argument: str) -> int:
             os.write(fd, f"{os.getpid()}\n".encode())
             return fd
         os.close(fd)  # the holder removed the file between our open and our lock: lock the new one
+
+
+def _open_lock_file(path: Path, argument: str) -> int:
+    """Open (or create) the lock file itself, never what a link at its name points to.
+
+    Why O_NOFOLLOW: the holder truncates the lock and writes its pid into it; through a symlink
+    that would overwrite any file the user can write.
+
+    Raises:
+        ValueError: the lock's name is taken by a symlink or a directory (naming the folder and what to remove).
+    """
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP or path.is_symlink():
+            what = f"a symbolic link (to {os.readlink(path)!r}), which the lock never follows"
+        elif err.errno == errno.EISDIR or path.is_dir():
+            what = "a directory, not a lock file"
+        else:
+            raise
+        remove = f"rm -r {path}" if path.is_dir() and not path.is_symlink() else f"rm {path}"
+        raise ValueError(
+            f"{argument}={str(path.parent)!r}: its lock {path} is {what}; remove it ({remove}) and run again"
+        ) from None
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -22,7 +22,7 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, aft
 # Every other field defines the run (models, env, seed, algorithm): a change is refused.
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
-               "eval_episodes", "ray_address", "report_to")  # fmt: skip
+               "eval_episodes", "ray_address", "report_to", "reward_timeout")  # fmt: skip
 
 
 @dataclass
@@ -59,6 +59,8 @@ class PPOConfig:
             stored). Turn it off for a policy model the stored statistics were not measured under.
         max_new_tokens: response length cap of the env.
         missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
+        reward_timeout: seconds the env waits for each reward-model call before the run stops with an error
+            naming the model (None: wait forever). Generous: a large RM on a CPU scores a batch in seconds.
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
         target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed.
         kl_horizon: horizon (in episodes) of the adaptive controller (Ziegler et al., 2019).
@@ -135,6 +137,7 @@ class PPOConfig:
     normalize_reward: bool | None = None
     max_new_tokens: int = 32
     missing_eos_penalty: float = 0.0
+    reward_timeout: float | None = 300.0
     kl_coef: float = DEFAULT_KL_COEF
     target_kl: float | None = 6.0
     kl_horizon: int = 10000
@@ -173,6 +176,7 @@ class PPOConfig:
     minibatch_size: int = field(init=False)
 
     def __post_init__(self) -> None:
+        check_field_types(self)  # first: "false" for a bool is truthy, and "1e-4" fails later inside a model
         positive_ints = ("total_episodes", "num_envs", "max_new_tokens", "ppo_epochs", "num_minibatches",
                          "checkpoint_every", "kl_horizon", "group_size")  # fmt: skip
         for name in positive_ints:
@@ -238,6 +242,8 @@ class PPOConfig:
             raise ValueError(f"top_p={self.top_p!r} must be a float in (0, 1] or None (every token)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
+        if self.reward_timeout is not None and not (math.isfinite(self.reward_timeout) and self.reward_timeout > 0):
+            raise ValueError(f"reward_timeout={self.reward_timeout!r} must be a finite float > 0 (seconds) or None")
         if self.early_stop_kl is not None and not (math.isfinite(self.early_stop_kl) and self.early_stop_kl > 0):
             raise ValueError(f"early_stop_kl={self.early_stop_kl!r} must be a finite float > 0 or None (never stop)")
         from .reporting import check_reporters  # names and installed packages only: no backend imported
@@ -265,7 +271,7 @@ class PPOConfig:
     def env_kwargs(self) -> dict[str, Any]:
         """The ``gym.make`` arguments this config sets."""
         kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
-                  "missing_eos_penalty": self.missing_eos_penalty}  # fmt: skip
+                  "missing_eos_penalty": self.missing_eos_penalty, "reward_timeout": self.reward_timeout}  # fmt: skip
         for name in ("model", "reward_model", "prompts"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
@@ -276,6 +282,43 @@ class PPOConfig:
         if self.normalize_reward is not None:
             kwargs["normalize_reward"] = self.normalize_reward
         return kwargs
+
+
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}  # annotation -> accepted types
+
+
+def check_field_types(cfg: Any) -> None:
+    """Refuse a field whose value is not of its annotated type, naming the field, the value and the type.
+
+    Why: a config file is JSON, where ``"false"`` is a truthy string and ``"1e-4"`` is no number; a
+    bool is an int to Python, but ``num_envs=true`` is a mistake. Annotations other than these plain
+    types (and their ``| None``) are left to the field's own check.
+
+    Raises:
+        ValueError: ``"{field}={value!r} is a {type}; {field} takes a {type}"``.
+    """
+    for f in fields(cfg):
+        if not f.init:
+            continue
+        parts = [p.strip() for p in str(f.type).split("|")]
+        optional = "None" in parts
+        kinds = [p for p in parts if p != "None"]
+        if len(kinds) != 1 or kinds[0] not in _TYPES:
+            continue
+        value = getattr(cfg, f.name)
+        if value is None and optional:
+            continue
+        ok = isinstance(value, _TYPES[kinds[0]]) and (kinds[0] == "bool" or not isinstance(value, bool))
+        if not ok:
+            allowed = kinds[0] + (" or None" if optional else "")
+            given = type(value).__name__
+            raise ValueError(
+                f"{f.name}={value!r} is {_article(given)} {given}; {f.name} takes {_article(allowed)} {allowed}"
+            )
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
 
 
 PRESET_DIR = Path(__file__).parent / "presets"  # one JSON file per preset: copy one to start your own

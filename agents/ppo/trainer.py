@@ -7,9 +7,12 @@ metrics = train(PPOConfig(total_episodes=512, out="runs/x"))
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import json
+import os
 import random
 import shutil
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,6 +29,7 @@ from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler, truncate_logits
 from textgym.utils import (
+    check_writable_folder,
     link_files,
     lock_folder,
     recover_folder,
@@ -38,6 +42,7 @@ from ..evaluate import RUN_INFO
 from . import distributed
 from .calibration import run_norm
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
+from .guards import Stopped, check_finite, check_finite_weights, check_memory, stop_on_sigterm
 from .kl import make_kl_controller
 from .models import (
     TokenLogits,
@@ -173,6 +178,7 @@ class Trainer:
         advantage_stats = self._advantages(data)
         t1 = time.perf_counter()
 
+        check_finite({"reward": data["reward"], "advantage": data["advantage"]}, self.iteration_done + 1, "the update")
         # -- PPO update: epochs × minibatches of whole sequences
         stats = self._update(data, beta)
         t2 = time.perf_counter()
@@ -337,9 +343,14 @@ class Trainer:
             total = total + out["loss_kl"]
         self.optimizer.zero_grad(set_to_none=True)
         (total * weight * distributed.world()[1]).backward()  # token-masked means: weight x W, 1 in one process
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+        clip = torch.nn.utils.clip_grad_norm_
+        grad_norms = {"policy gradient norm": clip(self.policy.parameters(), cfg.max_grad_norm)}
         if self.critic is not None:
-            torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
+            grad_norms["critic gradient norm"] = clip(self.critic.parameters(), cfg.max_grad_norm)
+        # checked after the all-reduce (every rank refuses alike), before the step: the weights stay as they were
+        losses = {name: out[key] for name, key in (("policy loss", "loss_objective"), ("value loss", "loss_critic"),
+                                                   ("KL loss", "loss_kl")) if key in out.keys()}  # fmt: skip
+        check_finite({**losses, **grad_norms}, self.iteration_done + 1, "the update")
         self.optimizer.step()
         # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
         diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
@@ -413,6 +424,12 @@ class Trainer:
         Each folder is swapped in atomically (see :func:`textgym.utils.save_folder_atomically`).
         The HF folders hard-link the checkpoint's weight files: the weights are stored once.
         """
+        check_finite_weights(self._trained(), self.iteration_done)  # a NaN weight never replaces a good checkpoint
+        save_folder_atomically(out / "checkpoint", self._write_checkpoint)
+        self.export(out)
+
+    def export(self, out: Path) -> None:
+        """``out/policy`` and ``out/value`` from ``out/checkpoint`` (its weight files hard-linked) and the run info."""
         tok = self.envs.unwrapped.tokenizer
 
         def hf_folder(name: str, info: bool):
@@ -424,7 +441,21 @@ class Trainer:
 
             return write
 
-        save_folder_atomically(out / "checkpoint", self._write_checkpoint)
+        save_folder_atomically(out / "policy", hf_folder("policy", info=True))
+        if self.critic is not None:  # GRPO and RLOO have none
+            save_folder_atomically(out / "value", hf_folder("critic", info=False))
+
+        tok = self.envs.unwrapped.tokenizer
+
+        def hf_folder(name: str, info: bool):
+            def write(folder: Path) -> None:
+                link_files(out / "checkpoint" / name, folder)
+                tok.save_pretrained(folder)
+                if info:
+                    (folder / RUN_INFO).write_text(json.dumps(self.run_info()))
+
+            return write
+
         save_folder_atomically(out / "policy", hf_folder("policy", info=True))
         if self.critic is not None:  # GRPO and RLOO have none
             save_folder_atomically(out / "value", hf_folder("critic", info=False))
@@ -470,6 +501,7 @@ class Trainer:
             "python_rng": [py_rng[0], list(py_rng[1]), py_rng[2]],
             "env_rng": self.envs.unwrapped.rng_state(),
             "config": self.cfg.to_dict(),
+            "last_beta": self.last_beta,  # the β policy/textgym_run.json names: re-exported on resume from here
         }
 
     def run_info(self) -> dict[str, Any]:
@@ -505,6 +537,7 @@ class Trainer:
         self.sampler.generator.set_state(tensors["sampler_rng"])
         self.envs.unwrapped.set_rng_state(state["env_rng"])
         self.iteration_done = state["iteration"]
+        self.last_beta = state.get("last_beta", self.kl_ctl.value)
         self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
         if self.pool is not None:
             self._load_workers_state(ckpt, state, tensors)
@@ -684,6 +717,7 @@ def _set_rng_states(state: dict[str, Any], tensors: dict[str, Any]) -> None:
 METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"  # sample completions every `samples_every` iterations
 RUN_FOLDERS = ("checkpoint", "policy", "value")  # written with save_folder_atomically
+EXPORTS = {"policy": "policy", "value": "critic"}  # exported HF folder -> the checkpoint folder it is made from
 RUN_FILES = (METRICS, SAMPLES, "config.json", "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
 
 
@@ -836,10 +870,13 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     reads the checkpoint (one machine, or ``out`` on a file system every node sees).
     """
     main = distributed.is_main()
+    check_memory(cfg)  # before any model loads: a batch the machine cannot hold is refused with the estimate
     history = distributed.on_main(lambda: _open_run_folder(out, cfg, overwrite))
     trainer = Trainer.create(cfg)
     if history is not None:
         trainer.load(out / "checkpoint")
+        if main:
+            _repair_exports(out, trainer)
     elif overwrite and main:
         _clear_run(out)  # only now that the new run's models have loaded
     history = history or []
@@ -848,6 +885,62 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
         write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
         write_text_atomically(out / "config.json", json.dumps(cfg.to_dict(), indent=2) + "\n")
     return trainer, history
+
+
+def _repair_exports(out: Path, trainer: Trainer) -> None:
+    """Re-export ``policy/`` and ``value/`` when they are not the checkpoint's (a crash during the last save).
+
+    Why: a save swaps in the checkpoint first, then the exports; killed between the two, the run
+    resumes from the new checkpoint while ``policy/`` still holds an earlier iteration's weights and β.
+    """
+    info = {"policy": trainer.run_info()}  # value/ holds no run info
+    stale = [folder for folder, name in EXPORTS.items() if name in trainer._trained()
+             and not _export_matches(out / "checkpoint" / name, out / folder, info.get(folder))]  # fmt: skip
+    if stale:
+        warnings.warn(f"{out}: {', '.join(stale)} do not match {out / 'checkpoint'} (a crash during its last save): "
+                      "re-exported from the checkpoint", stacklevel=4)  # fmt: skip
+        trainer.export(out)
+
+
+def _export_matches(ckpt: Path, folder: Path, run_info: dict[str, Any] | None) -> bool:
+    """Whether ``folder`` holds each file of ``ckpt`` unchanged (and, for the policy, this run info)."""
+    if not folder.is_dir():
+        return False
+    for path in (p for p in ckpt.iterdir() if p.is_file()):
+        twin = folder / path.name
+        if not (twin.is_file() and (os.path.samefile(path, twin) or filecmp.cmp(path, twin, shallow=False))):
+            return False
+    if run_info is None:
+        return True
+    try:
+        return json.loads((folder / RUN_INFO).read_text()) == json.loads(json.dumps(run_info))
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _run_folder(out: Path):
+    """Rank 0 holds ``out``: writable, locked, SIGTERM raised as :class:`Stopped`, and a stop reported."""
+    check_writable_folder(out, "out")
+    with stop_on_sigterm(), lock_folder(out, "out"):
+        try:
+            yield
+        except KeyboardInterrupt as err:
+            _report_stop(out, err)
+            raise
+
+
+def _report_stop(out: Path, err: KeyboardInterrupt) -> None:
+    """Say on stderr what the run folder holds after a SIGTERM or Ctrl-C: the checkpoint a resume continues from."""
+    name = "SIGTERM" if isinstance(err, Stopped) else "SIGINT"
+    _recover(out)  # a stop during a save: finish or undo its swap first
+    try:
+        saved = read_state(out / "checkpoint")["iteration"]
+        note = (f"the checkpoint in {out / 'checkpoint'} holds iteration {saved}; --resume continues from it "
+                "(the iterations after it run again)")  # fmt: skip
+    except (OSError, ValueError):
+        note = f"no checkpoint was saved in {out}; start the run again (--overwrite)"
+    print(f"textgym: stopped by {name}; {note}", file=sys.stderr)
 
 
 def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
@@ -866,9 +959,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     joined = not distributed.initialized()
     distributed.init(resolve_device(cfg.device))
     main = distributed.is_main()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-    with lock_folder(out, "out") if main else contextlib.nullcontext():
+    with _run_folder(out) if main else contextlib.nullcontext():
         trainer, history = _start(out, cfg, overwrite)
         reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
         bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo",

@@ -1,0 +1,171 @@
+"""What stops a run before it saves something wrong or asks for more than the machine has.
+
+Three guards the trainer calls: non-finite numbers (a loss, a gradient, a weight) refuse the update
+or the save, so the last good checkpoint stays the run's; a batch whose rollout and update cannot
+fit in memory is refused before any model loads, with the estimate; SIGTERM stops a run as
+Ctrl-C does, so the caller can say what the run folder holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["NonFiniteError", "Stopped", "available_memory", "check_finite", "check_finite_weights", "check_memory",
+           "estimate_rollout_bytes", "first_non_finite", "stop_on_sigterm"]  # fmt: skip
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient, reward or weight of the run is NaN or infinite: the update or save is refused."""
+
+
+def first_non_finite(named: Mapping[str, torch.Tensor | float | None]) -> tuple[str, float] | None:
+    """The first ``(name, value)`` of ``named`` (in its order) that is not finite, or None when all are."""
+    for name, value in named.items():
+        if value is None:
+            continue
+        tensor = torch.as_tensor(value).detach()
+        if not bool(torch.isfinite(tensor).all()):
+            bad = tensor[~torch.isfinite(tensor)].reshape(-1)[0]
+            return name, float(bad)
+    return None
+
+
+def check_finite(named: Mapping[str, torch.Tensor | float | None], iteration: int, what: str) -> None:
+    """Raise :class:`NonFiniteError` naming the first non-finite quantity of ``named``.
+
+    Args:
+        named: quantities in the order they are computed (the first bad one is the cause).
+        iteration: the iteration being computed (1-based), named in the message.
+        what: what is refused (``"the update"``, ``"the save"``).
+    """
+    bad = first_non_finite(named)
+    if bad is not None:
+        name, value = bad
+        raise NonFiniteError(
+            f"iteration {iteration}: the {name} is {value} (not finite); {what} refused, so nothing non-finite "
+            "reaches a checkpoint: the run folder keeps its last good checkpoint. Lower learning_rate or "
+            "max_grad_norm, or check the reward model's scores"
+        )
+
+
+def check_finite_weights(models: Mapping[str, torch.nn.Module], iteration: int) -> None:
+    """Refuse to save models with a non-finite weight, naming the model and the tensor."""
+    for model_name, model in models.items():
+        for key, tensor in model.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise NonFiniteError(
+                    f"iteration {iteration}: the {model_name} weight {key} is not finite; it is not saved, and "
+                    "the run folder keeps its last good checkpoint"
+                )
+
+
+# ---------------------------------------------------------------------- memory
+def available_memory() -> int | None:
+    """Bytes of memory a new allocation can still get (``MemAvailable``), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _model_dims(cfg) -> dict[str, int] | None:
+    """Layers, KV width and vocabulary of the run's π_ref from its ``config.json`` (no weights load), or None."""
+    import gymnasium as gym
+    from transformers import AutoConfig
+
+    from textgym.models import DEFAULT_LM
+
+    model = cfg.model or gym.spec(cfg.env_id).kwargs.get("model") or DEFAULT_LM
+    if not Path(str(model)).is_dir():
+        return None  # a named or hub model: its config is read when it loads
+    try:
+        config = AutoConfig.from_pretrained(str(model))
+        config = getattr(config, "text_config", None) or config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        return {"layers": config.num_hidden_layers, "kv_width": kv_heads * head_dim, "vocab": config.vocab_size}
+    except Exception:  # an unreadable config: the model's own load will name the problem
+        return None
+
+
+def check_memory(cfg) -> None:
+    """Refuse a batch whose rollout and update cannot fit in the memory this machine has free now.
+
+    Raises:
+        ValueError: naming ``num_envs``, the estimate (a lower bound) and the memory available.
+    """
+    need, have = estimate_rollout_bytes(cfg), available_memory()
+    if need is None or have is None or need <= have:
+        return
+    raise ValueError(
+        f"num_envs={cfg.num_envs} needs about {need / 2**30:.2f} GiB for its rollout caches and one update's "
+        f"logits (a lower bound, models not counted), more than the {have / 2**30:.2f} GiB available on this "
+        "machine; lower num_envs, or raise num_minibatches (the update's share)"
+    )
+
+
+def estimate_rollout_bytes(cfg) -> int | None:
+    """A lower bound of the memory ``cfg``'s batch takes in this process, or None when the model is unknown.
+
+    Counted, each in float32: π_ref's KV cache in the env and the policy's in the sampler (one
+    response's positions, the prompt not counted), each slot's next-token logits in both, and the
+    update's logits, log-softmax and their gradient for one minibatch. Models, optimizer and the
+    prompt part of the caches come on top, so a refusal never stops a run that would fit.
+    """
+    dims = _model_dims(cfg)
+    if dims is None:
+        return None
+    positions = cfg.max_new_tokens + 1  # at least BOS and the response
+    kv = 2 * dims["layers"] * dims["kv_width"] * positions * 4  # K and V, float32
+    per_slot = 2 * (kv + dims["vocab"] * 4)  # env (π_ref) and sampler (policy)
+    if cfg.num_workers:
+        per_slot = 0  # the rollout runs in the Ray workers
+    minibatch = cfg.num_envs // cfg.num_minibatches
+    update = minibatch * cfg.max_new_tokens * dims["vocab"] * 4 * 3
+    return cfg.num_envs * per_slot + update
+
+
+# ---------------------------------------------------------------------- SIGTERM
+class Stopped(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGTERM); a KeyboardInterrupt so no ``except Exception`` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Stopped` (as Ctrl-C raises KeyboardInterrupt).
+
+    Why: the default SIGTERM ends the process at once, with no word of what the run folder holds;
+    an exception unwinds through the trainer's ``finally`` blocks (the lock, the Ray workers) and
+    lets the caller report the last checkpoint. Only in the main thread, and only where no one
+    else installed a handler.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

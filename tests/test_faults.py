@@ -1,0 +1,343 @@
+"""Nothing lost, nothing wrong, nothing run (issue 27): what a fault trial of the run folder found.
+
+A crash during the last save, a reward beyond float32, a non-finite loss or weight, code named by a
+run-info file, a lock that is a link, config values of the wrong type, a hanging reward model, a
+full disk, a read-only folder, SIGTERM: each either recovers exactly or stops with one clear error,
+and nothing non-finite or half-written reaches the run folder.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from textgym.agents.ppo import PPOConfig, Trainer, train
+from textgym.agents.ppo.config import PRESETS
+from textgym.rewards import RewardModelError, register
+
+RM_VALUE = {"value": 0.5}  # what the "test-switch" reward model returns; a test sets it beyond float32
+HANG = threading.Event()  # set: the "test-hang" reward model waits (up to 60 s) before returning
+
+
+def _switch_rm(prompts: list[str], responses: list[str]) -> list[float]:
+    return [RM_VALUE["value"] + 0.01 * len(r) for r in responses]
+
+
+def _hanging_rm(prompts: list[str], responses: list[str]) -> list[float]:
+    HANG.wait(60)
+    return [0.0] * len(responses)
+
+
+register("test-switch", lambda: _switch_rm)
+register("test-hang", lambda: _hanging_rm)
+
+
+def tiny(out, **changes) -> PPOConfig:
+    return PPOConfig(**{**PRESETS["tiny"], "out": str(out), "checkpoint_every": 1, **changes})
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A finished tiny run: 2 iterations, a checkpoint after each. Tests work on copies."""
+    out = tmp_path_factory.mktemp("done") / "run"
+    train(tiny(out))
+    return out
+
+
+@pytest.fixture
+def run(done_run, tmp_path):
+    return Path(shutil.copytree(done_run, tmp_path / "run"))
+
+
+# ---------------------------------------------------------------- 1. a crash during the last save
+def test_a_crash_between_the_checkpoint_and_the_exports_is_repaired_on_resume(tmp_path, monkeypatch):
+    """Killed after the final checkpoint's swap, before policy/ and value/: the resume re-exports them."""
+    import textgym.agents.ppo.trainer as trainer_module
+
+    out = tmp_path / "run"
+    real_save = trainer_module.save_folder_atomically
+
+    def crash_at_the_last_policy_export(folder, write):
+        state = json.loads((out / "checkpoint" / "state.json").read_text()) if (out / "checkpoint").is_dir() else {}
+        if Path(folder).name == "policy" and state.get("iteration") == 2:
+            raise KeyboardInterrupt  # the kill -9 between the checkpoint's swap and the exports' swaps
+        real_save(folder, write)
+
+    monkeypatch.setattr(trainer_module, "save_folder_atomically", crash_at_the_last_policy_export)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(out))
+    monkeypatch.undo()
+    assert sha(out / "policy" / "model.safetensors") != sha(out / "checkpoint" / "policy" / "model.safetensors")
+
+    with pytest.warns(UserWarning, match=r"policy.*value.*do not match .*checkpoint.*re-exported"):
+        history = train(tiny(out, resume=True))
+    assert [r["iteration"] for r in history] == [1, 2]
+    assert sha(out / "policy" / "model.safetensors") == sha(out / "checkpoint" / "policy" / "model.safetensors")
+    assert sha(out / "value" / "model.safetensors") == sha(out / "checkpoint" / "critic" / "model.safetensors")
+    assert json.loads((out / "policy" / "textgym_run.json").read_text())["kl_coef"] == rows(out)[-1]["beta"]
+
+
+def test_a_resume_of_a_finished_run_with_matching_exports_rewrites_nothing(run):
+    before = (run / "policy").stat().st_ino, (run / "value").stat().st_ino
+    train(tiny(run, resume=True))
+    assert ((run / "policy").stat().st_ino, (run / "value").stat().st_ino) == before
+
+
+# ---------------------------------------------------------------- 2. nothing non-finite reaches a save
+def test_a_reward_beyond_float32_is_refused_and_the_checkpoint_stays_good(tmp_path):
+    out = tmp_path / "run"
+    train(tiny(out, reward_model="test-switch", total_episodes=8))
+    good = sha(out / "checkpoint" / "policy" / "model.safetensors")
+    RM_VALUE["value"] = 1e308  # finite in float64, inf in the float32 buffers
+    try:
+        with pytest.raises(RewardModelError, match=r"test-switch.*1e\+308.*not finite in float32"):
+            train(tiny(out, reward_model="test-switch", total_episodes=16, resume=True))
+    finally:
+        RM_VALUE["value"] = 0.5
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["iteration"] == 1
+    assert sha(out / "checkpoint" / "policy" / "model.safetensors") == good
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    t = Trainer.create(tiny(tmp_path_factory.mktemp("t") / "run"))
+    yield t
+    t.close()
+
+
+def test_a_non_finite_loss_refuses_the_update_naming_the_quantity(trainer):
+    from textgym.agents.ppo.guards import NonFiniteError
+
+    real_loss = trainer.loss
+
+    def nan_loss(mb):
+        out = real_loss(mb)
+        out["loss_objective"] = out["loss_objective"] * float("nan")
+        return out
+
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    trainer.loss = nan_loss
+    try:
+        with pytest.raises(NonFiniteError, match=r"iteration 1: the policy loss is nan.*update refused"):
+            trainer.iteration()
+    finally:
+        trainer.loss = real_loss
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters())), "no step was taken"
+
+
+def test_a_non_finite_weight_never_reaches_a_save(trainer, tmp_path):
+    from textgym.agents.ppo.guards import NonFiniteError
+
+    param = next(trainer.critic.parameters())
+    kept = param.detach().clone()
+    with torch.no_grad():
+        param[0] = float("inf")
+    try:
+        with pytest.raises(NonFiniteError, match=r"critic weight .* is not finite.*not saved"):
+            trainer.save(tmp_path / "out")
+    finally:
+        with torch.no_grad():
+            param.copy_(kept)
+    assert not (tmp_path / "out").exists(), "nothing was written"
+
+
+# ---------------------------------------------------------------- 3. a run-info file runs no code
+def test_a_module_attr_reward_model_in_a_run_info_file_is_refused(done_run, tmp_path, monkeypatch):
+    from textgym.agents.evaluate import evaluate
+
+    pol = Path(shutil.copytree(done_run / "policy", tmp_path / "pol"))
+    marker = tmp_path / "code-ran"
+    (pol / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef rm(p, r):\n    return [0.0] * len(r)\n")
+    info = json.loads((pol / "textgym_run.json").read_text())
+    (pol / "textgym_run.json").write_text(json.dumps({**info, "reward_model": "pol.evil:rm"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"textgym_run\.json names reward_model='pol\.evil:rm'.*--reward-model"):
+        evaluate(str(pol), episodes=2, num_envs=2)
+    assert not marker.exists(), "the module named by the run-info file was imported"
+    result = evaluate(str(pol), episodes=2, num_envs=2, reward_model="pol.evil:rm")  # given by the user: taken
+    assert marker.exists() and result["rm_score"][0] == 0.0
+
+
+def test_eval_prints_what_it_took_from_the_run_info(done_run, capsys):
+    from textgym.cli import main
+
+    main(["eval", "--model", str(done_run / "policy"), "--episodes", "2", "--num-envs", "2", "--no-progress"])
+    err = capsys.readouterr().err
+    info = json.loads((done_run / "policy" / "textgym_run.json").read_text())
+    assert f"from {done_run / 'policy' / 'textgym_run.json'}" in err
+    assert f"kl_coef={info['kl_coef']}" in err and "max_new_tokens=6" in err
+
+
+# ---------------------------------------------------------------- 4. the lock follows no link
+def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
+    from textgym.utils import lock_folder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".lock").symlink_to(victim)
+    with pytest.raises(ValueError, match=r"out='.*out': its lock .*\.lock is a symbolic link"):
+        with lock_folder(tmp_path / "out", "out"):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_lock_that_is_a_directory_is_refused_with_a_clear_message(tmp_path):
+    from textgym.utils import lock_folder
+
+    (tmp_path / "out" / ".lock").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"out='.*out': its lock .*\.lock is a directory"):
+        with lock_folder(tmp_path / "out", "out"):
+            pass
+
+
+# ---------------------------------------------------------------- 5. config values of the wrong type
+@pytest.mark.parametrize(
+    "field, value, kind",
+    [("resume", "no", "bool"), ("whiten_rewards", "false", "bool"), ("seed", "0", "int"),
+     ("learning_rate", "1e-4", "float"), ("gamma", "1", "float"), ("top_k", 2.5, "int or None"),
+     ("model", 3, "str or None"), ("num_envs", True, "int")],
+)  # fmt: skip
+def test_config_values_of_the_wrong_type_are_refused_naming_the_field(field, value, kind):
+    with pytest.raises(
+        ValueError, match=rf"^{field}={value!r} is an? {type(value).__name__}; {field} takes an? {kind}"
+    ):
+        PPOConfig(**{field: value})
+
+
+def test_a_config_file_with_a_string_bool_fails_before_any_model_loads(run, tmp_path, capsys):
+    from textgym.cli import main
+
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({**PRESETS["tiny"], "out": str(run), "resume": "no"}))
+    before = (run / "metrics.jsonl").read_text()
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--config-file", str(config)])
+    assert exit_.value.code == 2
+    assert "resume='no' is a str; resume takes a bool" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_a_batch_beyond_the_machines_memory_is_refused_with_the_estimate(tmp_path, monkeypatch):
+    from textgym.agents.ppo import guards
+    from textgym.agents.ppo.guards import estimate_rollout_bytes
+
+    cfg = tiny(tmp_path / "run", num_envs=100000, total_episodes=100000)
+    need = estimate_rollout_bytes(cfg)
+    assert need > estimate_rollout_bytes(tiny(tmp_path / "run", num_envs=1000, total_episodes=1000)) * 50
+    monkeypatch.setattr(guards, "available_memory", lambda: need // 2)
+    with pytest.raises(ValueError, match=r"num_envs=100000 needs about [\d.]+ GiB .* [\d.]+ GiB available"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+# ---------------------------------------------------------------- 6. a reward-model timeout for train
+def test_train_has_a_reward_timeout_that_names_the_model_and_the_seconds(tmp_path):
+    assert PPOConfig().reward_timeout == 300.0 and PPOConfig().env_kwargs()["reward_timeout"] == 300.0
+    HANG.clear()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(RewardModelError, match=r"reward model 'test-hang' did not return within "
+                                                    r"reward_timeout=0.5 s"):  # fmt: skip
+            train(tiny(tmp_path / "run", reward_model="test-hang", reward_timeout=0.5))
+    finally:
+        HANG.set()
+    assert time.perf_counter() - start < 30
+
+
+def test_reward_timeout_is_a_train_flag(tmp_path):
+    from textgym.cli import main
+
+    main(["train", "--config", "tiny", "--out", str(tmp_path), "--reward-timeout", "7.5", "--print-config"])
+    with pytest.raises(ValueError, match=r"reward_timeout=-1.0 must be a finite float > 0"):
+        PPOConfig(reward_timeout=-1.0)
+
+
+# ---------------------------------------------------------------- 7. disk full, read-only, SIGTERM
+def test_a_full_disk_during_a_save_says_so_and_names_the_folder(trainer, tmp_path, monkeypatch):
+    import errno
+
+    import textgym.utils as utils
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5376 vs 5264")
+
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(utils, "_free_bytes", lambda path: 0)
+    with pytest.raises(OSError, match=r"no space left on the device holding .*out.*checkpoint") as err:
+        trainer.save(tmp_path / "out")
+    assert err.value.errno == errno.ENOSPC
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".checkpoint")]
+
+
+def test_an_out_on_a_read_only_file_system_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from textgym.cli import main
+
+    out = tmp_path / "ro" / "run"
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if self == out:
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--config", "tiny", "--out", str(out)])
+    assert exit_.value.code == 2
+    assert f"out={str(out)!r} cannot be created (Read-only file system)" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into folders without write permission")
+def test_a_read_only_out_is_one_clear_error(tmp_path, capsys):
+    from textgym.cli import main
+
+    out = tmp_path / "ro"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", "--config", "tiny", "--out", str(out)])
+    finally:
+        out.chmod(0o755)
+    assert exit_.value.code == 2
+    assert f"out={str(out)!r} is not writable" in capsys.readouterr().err
+
+
+def _train_script(out: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "textgym.cli", "train", "--config", "tiny", "--out", str(out), "--threads", "1",
+            "--total-episodes", "800", *flags]  # fmt: skip
+
+
+def test_sigterm_stops_a_run_saying_what_was_saved(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(_train_script(out), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out / "checkpoint").is_dir():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    saved = json.loads((out / "checkpoint" / "state.json").read_text())["iteration"]
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert f"stopped by SIGTERM; the checkpoint in {out / 'checkpoint'} holds iteration {saved}" in err
+    assert "--resume" in err
