@@ -94,6 +94,24 @@ def test_a_crash_between_the_checkpoint_and_the_exports_is_repaired_on_resume(tm
     assert json.loads((out / "policy" / "textgym_run.json").read_text())["kl_coef"] == rows(out)[-1]["beta"]
 
 
+TIMING = ("tokens_per_s", "time_")  # metrics that measure the machine, not the run
+
+
+def same_run(rows_: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows_]
+
+
+def test_a_run_killed_before_its_first_save_starts_again_on_resume(done_run, tmp_path):
+    """Killed after iteration 1's metrics row, before its checkpoint: nothing to continue, so the run restarts."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(json.dumps(rows(done_run)[0]) + "\n")
+    (out / f".checkpoint.{'cd' * 16}").mkdir()  # the save's unfinished temp folder
+    with pytest.warns(UserWarning, match=r"no checkpoint was ever saved .* starts again from iteration 1"):
+        history = train(tiny(out, resume=True))
+    assert same_run(history) == same_run(rows(done_run)) == same_run(rows(out))
+
+
 def test_a_resume_of_a_finished_run_with_matching_exports_rewrites_nothing(run):
     before = (run / "policy").stat().st_ino, (run / "value").stat().st_ino
     train(tiny(run, resume=True))
@@ -341,3 +359,16 @@ def test_sigterm_stops_a_run_saying_what_was_saved(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     assert f"stopped by SIGTERM; the checkpoint in {out / 'checkpoint'} holds iteration {saved}" in err
     assert "--resume" in err
+
+
+# ---------------------------------------------------------------- the fault trial's kill loop
+@pytest.mark.slow
+def test_the_fault_trials_kill_loop_resumes_to_the_uninterrupted_run(tmp_path):
+    """bench/fault_trial.py --quick: kill -9 in the last save (before the policy's swap) and at a random moment,
+    resume each to the end: metrics, samples, state and weight hashes equal the uninterrupted run's."""
+    script = Path(__file__).parents[1] / "bench" / "fault_trial.py"
+    args = ["--quick", "--episodes", "16", "--max-kills", "1", "--out", str(tmp_path)]
+    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert "kill at rename 10/15: 1 kill(s), then resumed: identical" in done.stdout
+    assert "2 of 2 trials identical to the uninterrupted run" in done.stdout

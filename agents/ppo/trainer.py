@@ -808,6 +808,10 @@ def _open_run_folder(out: Path, cfg: PPOConfig, overwrite: bool) -> list[dict[st
             f"out={cfg.out!r} already holds a run ({', '.join(found)}); pass --resume (resume=True) to continue "
             "it or --overwrite (train(cfg, overwrite=True)) to replace it"
         )
+    if found == [METRICS]:  # stopped before its first save completed: no iteration was kept to continue from
+        warnings.warn(f"{out}: no checkpoint was ever saved (the run stopped before its first save): it starts "
+                      f"again from iteration 1, replacing {out / METRICS}", stacklevel=3)  # fmt: skip
+        return None
     if not (out / "checkpoint").is_dir():
         raise FileNotFoundError(
             f"resume=True but out={cfg.out!r} has no checkpoint ({out / 'checkpoint'} is missing; it holds "
