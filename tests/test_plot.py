@@ -25,37 +25,65 @@ def lines(ax):
     return {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
 
 
+TRAINING = "policy: training rollouts (train prompts)"
+FIRST = "π_ref: iteration 1's rollout (train prompts)"
+EVAL = "π_ref: textgym eval (eval.json, eval prompts)"
+BETA = "β, KL coefficient (right axis)"
+
+
+def legend(ax):
+    return [text.get_text() for text in ax.get_legend().get_texts()]
+
+
 def test_kl_panel_draws_the_target_and_score_panels_iteration_1_as_pi_ref(tmp_path):
-    score, gold, kl = curves_figure(write_run(tmp_path, target_kl=6.0)).axes
-    assert lines(kl)["target KL"] == [6.0, 6.0]
-    assert lines(kl)["β × 100"] == pytest.approx([10.0] * 3)
-    assert lines(score)["π_ref (iteration 1's rollout)"] == [-0.25, -0.25]  # the first row, drawn flat
-    assert lines(gold)["π_ref (iteration 1's rollout)"] == [0.3, 0.3]
-    assert [line.get_label() for line in score.get_legend().get_lines()] == ["π_ref (iteration 1's rollout)"]
+    score, gold, kl, beta = curves_figure(write_run(tmp_path, target_kl=6.0)).axes
+    assert lines(kl)["target KL (config.json)"] == [6.0, 6.0]
+    assert lines(beta)[BETA] == pytest.approx([0.1] * 3)
+    assert lines(score)[FIRST] == [-0.25, -0.25]  # the first row, drawn flat
+    assert lines(gold)[FIRST] == [0.3, 0.3]
+    assert legend(score) == [TRAINING, FIRST]
+
+
+def test_every_line_has_a_legend_entry_beta_its_own_axis_and_the_final_eval_a_mark(tmp_path):
+    """Issue 26.8: the demo plot's training lines had no legend entry, β × 100 shared the KL axis in
+    nats, and the final evaluation (eval.json's policy) was not drawn."""
+    pi_ref = {"score": [-0.09, 1.08], "gold_score": [0.27, 0.48], "kl": [0.0, 0.0]}
+    run = write_run(tmp_path, target_kl=6.0, eval_pi_ref=pi_ref)
+    (run / "eval.json").write_text(json.dumps({"pi_ref": pi_ref, "policy": {"score": [1.5, 0.3],
+                                   "gold_score": [0.9, 0.1], "kl": [6.3, 3.2]}}))  # fmt: skip
+    score, gold, kl, beta = curves_figure(run).axes
+    final = "policy: final textgym eval (eval prompts, ± std)"
+    assert legend(score) == [TRAINING, EVAL, final] and legend(gold) == [TRAINING, EVAL, final]
+    assert sorted(legend(kl)) == sorted([TRAINING, final, "target KL (config.json)", BETA])  # β's entry joins in
+    assert BETA not in lines(kl) and beta.get_shared_x_axes().joined(beta, kl)  # own y axis, same iterations
+    marks = {ax: [c for c in ax.containers if c.get_label() == final] for ax in (score, gold, kl)}
+    for ax, want in ((score, 1.5), (gold, 0.9), (kl, 6.3)):
+        (point,) = marks[ax]
+        assert list(point.lines[0].get_xdata()) == [3] and list(point.lines[0].get_ydata()) == [want]
 
 
 def test_fixed_beta_has_no_target_line(tmp_path):
     kl = curves_figure(write_run(tmp_path, target_kl=None)).axes[2]
-    assert "target KL" not in lines(kl) and len(kl.get_lines()) == 2  # the KL curve and β × 100
+    assert list(lines(kl)) == [TRAINING]  # the KL curve alone; β is on its own axis
 
 
 def test_pi_ref_from_eval_json_when_written_after_the_run_started(tmp_path):
     pi_ref = {"score": [-0.09, 1.08], "gold_score": [0.27, 0.48], "kl": [0.0, 0.0]}
     run = write_run(tmp_path, target_kl=6.0, eval_pi_ref=pi_ref)
-    score, gold, kl = curves_figure(run).axes
-    assert lines(score)["π_ref (eval.json, eval prompts)"] == [-0.09, -0.09]
-    assert lines(gold)["π_ref (eval.json, eval prompts)"] == [0.27, 0.27]
+    score, gold, kl, _ = curves_figure(run).axes
+    assert lines(score)[EVAL] == [-0.09, -0.09]
+    assert lines(gold)[EVAL] == [0.27, 0.27]
     assert not any(label.startswith("π_ref") for label in lines(kl))
 
     # an eval.json older than the run's config.json belongs to an earlier run: iteration 1 is used
     config_time = os.stat(run / "config.json").st_mtime
     os.utime(run / "eval.json", (config_time - 60, config_time - 60))
-    assert "π_ref (iteration 1's rollout)" in lines(curves_figure(run).axes[0])
+    assert FIRST in lines(curves_figure(run).axes[0])
 
 
 def test_no_pi_ref_line_without_iteration_1(tmp_path):
     score = curves_figure(write_run(tmp_path, target_kl=6.0, rows=ROWS[1:])).axes[0]
-    assert len(score.get_lines()) == 1 and score.get_legend() is None
+    assert list(lines(score)) == [TRAINING]
 
 
 def test_plot_metrics_writes_the_png_and_refuses_an_empty_run(tmp_path):
