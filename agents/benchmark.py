@@ -46,6 +46,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -573,6 +574,21 @@ def _plot_curves(curves: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def _note_unfitted(ax, unfitted: list[str], fitted: bool, window: int) -> None:
+    """Say on the panel which algorithms have no fitted curve and why, rather than leave the frame empty."""
+    if not unfitted:
+        return
+    why = f"fewer than {MIN_POINTS} training points with KL > 0 (each pooled over {window} env steps)"
+    box = {"facecolor": "white", "alpha": 0.8, "edgecolor": "none"}
+    if fitted:
+        text = textwrap.fill(f"no fit, {why}: {', '.join(unfitted)}", 60)
+        ax.text(0.01, 0.01, text, transform=ax.transAxes, fontsize=7, va="bottom", bbox=box)
+    else:
+        text = "\n".join(["No algorithm has a frontier to draw:", textwrap.fill(why + ",", 40),
+                          "too small a budget for a fit.", "Raise --budget (textgym bench)."])  # fmt: skip
+        ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9, bbox=box)
+
+
 def _frontier_points(curves: dict, algo: str, baseline: dict, key: str, window: int) -> tuple[np.ndarray, np.ndarray]:
     """All seeds' pooled training points of ``algo``: d = √KL and the ``key`` reward gained over π_ref."""
     pts = [p for (a, _), c in curves.items() if a == algo for p in pool_points(c, window)]
@@ -586,9 +602,11 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold", "gold − π_ref's")):
+        unfitted: list[str] = []
         for i, algo in enumerate(dict.fromkeys(a for a, _ in curves)):
             d, r = _frontier_points(curves, algo, baseline, key, window)
             if np.count_nonzero(d > 0) < MIN_POINTS:
+                unfitted += [algo] if len(d) else []  # an untrained baseline has no points to fit
                 continue
             color = colors[i % len(colors)]
             ax.scatter(d, r, s=8, alpha=0.5, color=color)
@@ -599,6 +617,8 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
         ax.set_xlabel("d = √KL(π ‖ π_ref) (√nats per sequence), training episodes")
         ax.set_ylabel(title)
         ax.grid(alpha=0.3)
+        fitted = any(label != "π_ref" for label in ax.get_legend_handles_labels()[1])
+        _note_unfitted(ax, unfitted, fitted, window)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022); dotted: AUC limit")
     fig.tight_layout()

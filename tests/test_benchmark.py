@@ -121,3 +121,29 @@ def test_every_algorithm_trains_in_the_env_it_is_evaluated_in(tmp_path, monkeypa
     assert len(norms) == 1 and isinstance(next(iter(norms)), tuple), norms  # one (mean, std) for every env
     assert all(kw["max_prompt_tokens"] == 16 and kw["max_new_tokens"] == 4 for kw in rest)
     assert len(rest) >= 3 + 3  # a training env per algorithm (SB3: one per sub-env) and an eval env each
+
+
+def _frontier_figure(curves, monkeypatch, tmp_path):
+    """The figure ``_plot_frontier`` draws (caught where it closes it) and the PNG it wrote."""
+    closed, real = [], benchmark._pyplot()
+    spy = type(
+        "Spy", (), {"__getattr__": lambda self, name: getattr(real, name), "close": lambda self, f: closed.append(f)}
+    )
+    monkeypatch.setattr(benchmark, "_pyplot", spy)
+    benchmark._plot_frontier(curves, {"score": 0.0, "gold": 0.0}, 2.0, 0, tmp_path, "sentiment")
+    assert (tmp_path / "frontier.png").stat().st_size > 10_000
+    return closed[0]
+
+
+def test_an_empty_frontier_says_why_on_the_plot(tmp_path, monkeypatch):
+    """Issue 26.9: at ``bench --quick``'s budget no algorithm has the points a fit needs: the panels say so."""
+    few = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1, "gold": 0.1} for i in range(1, 3)]  # 2 < MIN_POINTS
+    fig = _frontier_figure({("torchrl_ppo", 0): few, ("reference", 0): []}, monkeypatch, tmp_path)
+    for ax in fig.axes:
+        (note,) = [t.get_text() for t in ax.texts]
+        assert "No algorithm has a frontier" in note and "Raise --budget" in note
+    many = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1 * i, "gold": 0.05 * i} for i in range(1, 9)]
+    fig = _frontier_figure({("torchrl_ppo", 0): many, ("grpo", 0): few, ("reference", 0): []}, monkeypatch, tmp_path)
+    for ax in fig.axes:
+        (note,) = [t.get_text() for t in ax.texts]  # the fitted curve is drawn; the note names the one left out
+        assert " ".join(note.split()).endswith(": grpo") and "torchrl_ppo" in ax.get_legend_handles_labels()[1]
