@@ -60,6 +60,7 @@ import torch
 import textgym  # noqa: F401
 from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
+from textgym.threads import use_threads
 
 from .evaluate import evaluate
 from .frontier import MIN_POINTS, fit_run, frontier_at, gao_curve, gao_fit, pool_points, run_frontier
@@ -335,6 +336,8 @@ class BenchConfig:
         calibration_episodes: π_ref episodes that measure its score and gold (the frontier's origin)
             and standardise a learned RM.
         out: output folder.
+        threads: torch's CPU threads for every algorithm (None: one per core of this process), recorded
+            in ``env.json``: the same thread count gives the same tables, however busy the machine.
     """
 
     task: str = "sentiment"
@@ -349,6 +352,7 @@ class BenchConfig:
     eval_episodes: int = 128
     calibration_episodes: int = 512
     out: str = "runs/bench"
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -398,9 +402,10 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
     """Train and evaluate every (algorithm, seed); write results.csv/.md, curves and frontier plots."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    threads = use_threads(cfg.threads)  # one thread count for every algorithm: their rounding depends on it
     env_id = TASKS[cfg.task].env_id
     env_kwargs, baseline = _reference(cfg)
-    d_max, window = math.sqrt(cfg.frontier_kl), frontier_window(cfg.max_new_tokens)
+    window = frontier_window(cfg.max_new_tokens)
     rows, curves = [], {}
     for algo in cfg.algos:
         for seed in cfg.seeds:
@@ -411,7 +416,7 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             # evaluated in the env configuration it trained in (ctx.env_kwargs: masks included)
             result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=env_id,
                               num_envs=min(cfg.num_envs, cfg.eval_episodes), seed=1234, **ctx.env_kwargs)  # fmt: skip
-            frontier = run_frontier(ctx.curve, baseline, d_max, window)
+            frontier = run_frontier(ctx.curve, baseline, cfg.frontier_kl, window)
             row = {"algo": algo, "seed": seed, "env_steps": ctx.env_steps, "train_s": round(train_s, 2),
                    "env_steps_per_s": round(ctx.env_steps / train_s, 1) if ctx.env_steps else 0.0,
                    **{k: round(v[0], 4) for k, v in result.items() if isinstance(v, tuple)},
@@ -422,7 +427,8 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             print(json.dumps(row), flush=True)
     (out / "curves.json").write_text(json.dumps({f"{a}/{s}": c for (a, s), c in curves.items()}) + "\n")
     setup = {"task": cfg.task, "env_id": env_id, **env_kwargs, "reference": baseline, "frontier_kl": cfg.frontier_kl,
-             "frontier_window": window, "budget": cfg.budget, "eval_episodes": cfg.eval_episodes}  # fmt: skip
+             "frontier_window": window, "budget": cfg.budget, "eval_episodes": cfg.eval_episodes,
+             "threads": threads}  # fmt: skip
     (out / "env.json").write_text(json.dumps(setup) + "\n")
     _write_outputs(rows, curves, out, cfg, baseline)
     return rows
@@ -465,7 +471,7 @@ def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
               for name, c in json.loads((out / "curves.json").read_text()).items()}  # fmt: skip
     for row in rows:
         row["seed"] = int(row["seed"])
-        fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], math.sqrt(cfg.frontier_kl),
+        fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], cfg.frontier_kl,
                            frontier_window(cfg.max_new_tokens))  # fmt: skip
         row.update({k: round(v, 4) for k, v in fit.items()})
     _write_outputs(rows, curves, out, cfg, setup["reference"])
@@ -531,7 +537,7 @@ def _write_tables(rows: list[dict], out: Path, cfg: BenchConfig) -> None:
     lines.append(f"\n{cfg.task} ({TASKS[cfg.task].env_id}), budget {cfg.budget} env steps, β {cfg.kl_coef}: "
                  f"mean ± half-width of the 95 % confidence interval (Student t) over {n_seeds} seeds; "
                  f"score, gold, KL and objective on {cfg.eval_episodes} eval episodes; gold_auc/proxy_auc: "
-                 f"mean gain over π_ref under the fitted frontier up to KL {cfg.frontier_kl:g} nats "
+                 f"mean gain over π_ref under the fitted frontier, averaged over KL ∈ [0, {cfg.frontier_kl:g}] nats "
                  f"(agents/frontier.py)")  # fmt: skip
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
@@ -597,7 +603,7 @@ def _frontier_points(curves: dict, algo: str, baseline: dict, key: str, window: 
 
 
 def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out: Path, task: str) -> None:
-    """Proxy and gold gain against √KL: every pooled training point, the Gao fit over all seeds, π_ref at 0."""
+    """Proxy and gold gain against √KL: the raw and the pooled training points, the Gao fit over all seeds, π_ref."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -609,7 +615,9 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
                 unfitted += [algo] if len(d) else []  # an untrained baseline has no points to fit
                 continue
             color = colors[i % len(colors)]
-            ax.scatter(d, r, s=8, alpha=0.5, color=color)
+            raw_d, raw_r = _frontier_points(curves, algo, baseline, key, 0)  # unpooled: what the fit smooths
+            ax.scatter(raw_d, raw_r, s=3, alpha=0.25, color=color, marker=".")
+            ax.scatter(d, r, s=10, alpha=0.6, color=color)
             grid = np.linspace(0, d.max(), 100)
             ax.plot(grid, gao_curve(grid, *gao_fit(d, r)), color=color, label=algo)
         ax.scatter([0], [0], marker="*", s=120, color="black", label="π_ref", zorder=5)
@@ -620,7 +628,8 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
         fitted = any(label != "π_ref" for label in ax.get_legend_handles_labels()[1])
         _note_unfitted(ax, unfitted, fitted, window)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022); dotted: AUC limit")
+    fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022); small dots: raw "
+                 "points, large: pooled; dotted: AUC limit")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=110)
     plt.close(fig)

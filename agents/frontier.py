@@ -11,13 +11,15 @@ linear in (α, β), so it is fitted by least squares on the (d, R) points a run 
 training, with R = reward − reward of π_ref.
 
 The summary number is the area under the *frontier*: the best fitted gain within a KL budget,
-F(d) = max(0, max over the run's points d_i ≤ d of R(d_i)), averaged over d ∈ [0, d_max]. The
+F(d) = max(0, max over the run's points d_i ≤ d of R(d_i)), averaged over the KL budget
+k ∈ [0, KL_max] in nats (F read at d = √k): users state budgets in nats, and an average over √KL
+would weigh the small KLs more (the first half of the d range is the first quarter in nats). The
 maximum is there because a policy can always stop early (π_ref itself is F(0) = 0); the fit is
 read at the KLs the run reached only, because a run earns no credit for KL it never reached and a
 two-parameter curve read between or past its points is not a measurement (on a few noisy points
 near d = 0 it can rise and fall to any height). The fit is what smooths each point's noise.
-Dividing by ``d_max`` keeps the reward's units: the AUC is the mean gold gain over the KL range,
-comparable between algorithms at the same ``d_max``.
+Dividing by ``KL_max`` keeps the reward's units: the AUC is the mean gold gain over the KL range,
+comparable between algorithms at the same ``KL_max``.
 """
 
 from __future__ import annotations
@@ -73,12 +75,13 @@ def frontier_at(alpha: float, beta: float, d_points, d: float) -> float:
     return float(max(0.0, gao_curve(reached, alpha, beta).max(initial=0.0)))
 
 
-def frontier_auc(alpha: float, beta: float, d_points, d_max: float, points: int = 513) -> float:
-    """Mean of F(d) over d ∈ [0, d_max] (a step function: the grid's trapezoids)."""
-    if not d_max > 0:
-        raise ValueError(f"d_max={d_max} must be > 0")
-    grid = np.linspace(0.0, d_max, points)
-    return float(np.trapezoid([frontier_at(alpha, beta, d_points, d) for d in grid], grid) / d_max)
+def frontier_auc(alpha: float, beta: float, d_points, kl_max: float, points: int = 513) -> float:
+    """Mean of F(√k) over the KL budget k ∈ [0, ``kl_max``] nats (a step function: the grid's trapezoids)."""
+    if not kl_max > 0:
+        raise ValueError(f"kl_max={kl_max} must be > 0 (nats per sequence)")
+    grid = np.linspace(0.0, kl_max, points)
+    values = [frontier_at(alpha, beta, d_points, math.sqrt(k)) for k in grid]
+    return float(np.trapezoid(values, grid) / kl_max)
 
 
 MIN_POINTS = 3  # points with d > 0 a fit needs: two parameters and one degree of freedom
@@ -133,13 +136,13 @@ def fit_run(curve: list[dict], baseline: dict[str, float], key: str,
     return (d, *gao_fit(d, np.array([p[key] for p in pts]) - baseline[key]))
 
 
-def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float, window: int = 0) -> dict[str, float]:
+def run_frontier(curve: list[dict], baseline: dict[str, float], kl_max: float, window: int = 0) -> dict[str, float]:
     """Fit and AUC of one run's logged ``{"kl", "score", "gold"}`` points, rewards taken relative to π_ref's.
 
     ``baseline`` holds π_ref's ``score`` and ``gold``; ``window`` pools the points
     (:func:`pool_points`). A run without a fit (:func:`fit_run`) gets NaN: a run that did not
-    train has no frontier. Returns ``gold_auc``, ``proxy_auc``, ``gold_alpha``, ``gold_beta``,
-    ``d_reached``.
+    train has no frontier. ``kl_max``: the AUC's KL budget in nats. Returns ``gold_auc``,
+    ``proxy_auc`` (mean gain over KL ∈ [0, kl_max]), ``gold_alpha``, ``gold_beta``, ``d_reached``.
     """
     out = {"gold_auc": math.nan, "proxy_auc": math.nan, "gold_alpha": math.nan, "gold_beta": math.nan,
            "d_reached": math.nan}  # fmt: skip
@@ -148,7 +151,7 @@ def run_frontier(curve: list[dict], baseline: dict[str, float], d_max: float, wi
         if fit is None:
             return out
         d, alpha, beta = fit
-        out[f"{name}_auc"] = frontier_auc(alpha, beta, d, d_max)
+        out[f"{name}_auc"] = frontier_auc(alpha, beta, d, kl_max)
         out["d_reached"] = float(d.max())
         if name == "gold":
             out["gold_alpha"], out["gold_beta"] = alpha, beta

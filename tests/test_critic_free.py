@@ -1,5 +1,6 @@
 """GRPO and RLOO: group advantages on hand-computed cases, groups share a prompt, and they learn."""
 
+import itertools
 import math
 
 import numpy as np
@@ -12,32 +13,112 @@ from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.rollout import group_advantages
 
 
-def test_grpo_advantages_are_group_standardised_returns():
-    returns = torch.tensor([1.0, 2.0, 3.0, 6.0])  # two groups of G = 2
-    s = 1 / math.sqrt(2)  # (R − mean) / std with the unbiased std: ±(d/2) / (d/√2)
-    torch.testing.assert_close(group_advantages(returns, 2, "grpo", eps=0.0), torch.tensor([-s, s, -s, s]))
-    same = group_advantages(torch.tensor([5.0, 5.0, 5.0]), 3, "grpo")
-    assert (same == 0).all()  # a group with one outcome teaches nothing
+def grpo(scores, kl, g, **kw):
+    return group_advantages(torch.tensor(scores), torch.tensor(kl), g, "grpo", **kw)
+
+
+def test_grpo_standardises_the_score_and_centres_the_kl_return_with_beta_unscaled():
+    scores, kl = [1.0, 2.0, 3.0, 6.0], [0.5, 1.5, -1.0, 1.0]  # two groups of G = 2
+    s = 1 / math.sqrt(2)  # (s − mean) / std with the unbiased std: ±(d/2) / (d/√2)
+    beta = 0.1  # the KL part: −β·(K − mean K) = ∓β·0.5, ±β·1.0, never divided by the score's std
+    expected = torch.tensor([-s + 0.05, s - 0.05, -s + 0.1, s - 0.1])
+    torch.testing.assert_close(grpo(scores, kl, 2, kl_coef=beta, eps=0.0), expected)
+    # Dr. GRPO (scale="none"): the score only centred
+    torch.testing.assert_close(grpo(scores, kl, 2, kl_coef=beta, scale="none"),
+                               torch.tensor([-0.5 + 0.05, 0.5 - 0.05, -1.5 + 0.1, 1.5 - 0.1]))  # fmt: skip
+
+
+def test_an_equal_score_group_gets_exactly_zero_score_advantage_whatever_its_kl_noise():
+    """The issue's case: a group with one score and KL noise of 1e-3 got |A| ~ 0.4 from (R − mean)/σ(R)."""
+    noise = [1.6e-3, -0.9e-3, 0.2e-3, -0.5e-3]
+    for score in (0.1, 1.0, -0.7, 0.0):  # 0.1·3 is not 0.3 in floats: the mean is not the value
+        adv = grpo([score] * 4 + [0.0, 1.0, 1.0, 0.0], noise * 2, 4, kl_coef=0.0)
+        assert torch.equal(adv[:4], torch.zeros(4)) and adv[4:].abs().min() > 0.5
+        with_kl = grpo([score] * 4, noise, 4, kl_coef=0.05)
+        torch.testing.assert_close(with_kl, -0.05 * (torch.tensor(noise) - torch.tensor(noise).mean()))
+        assert with_kl.abs().max() < 1e-4  # β·noise, not noise/σ
+
+
+def _tabular_kl_gradients(group_size: int, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact expected GRPO update's KL part and the exact ∇(−β·KL(π‖π_ref)) on a 2-token, 3-symbol MDP.
+
+    Every sequence y = (a1, a2) and every group of G of them is enumerated, so both are exact
+    expectations: E_groups[Σ_i A_kl,i · ∇log π(y_i)] / G against autograd of the exact KL.
+    """
+    torch.manual_seed(0)
+    theta = torch.randn(1 + 3, 3, requires_grad=True)  # row 0: π(a1); row 1 + a1: π(a2 | a1)
+    ref = torch.randn(1 + 3, 3).log_softmax(-1)
+    seqs = list(itertools.product(range(3), repeat=2))
+
+    def seq_logp(logits):  # (9,) log-prob of each sequence
+        lp = logits.log_softmax(-1)
+        return torch.stack([lp[0, a] + lp[1 + a, b] for a, b in seqs])
+
+    logp, ref_lp = seq_logp(theta), seq_logp(ref)
+    kl = (logp.exp() * (logp - ref_lp)).sum()
+    exact = torch.autograd.grad(-beta * kl, theta, retain_graph=True)[0]
+    grad_logp = torch.stack([torch.autograd.grad(logp[i], theta, retain_graph=True)[0] for i in range(len(seqs))])
+    p, k = logp.exp().detach(), (logp - ref_lp).detach()  # K_i: the k1 return of sequence i
+    expected = torch.zeros_like(theta)
+    for group in itertools.product(range(len(seqs)), repeat=group_size):
+        idx = torch.tensor(group)
+        adv = group_advantages(torch.zeros(group_size), k[idx], group_size, "grpo", kl_coef=beta)  # scores equal
+        expected += p[idx].prod() * (adv[:, None, None] * grad_logp[idx]).sum(0) / group_size
+    return expected, exact
+
+
+def test_the_expected_grpo_kl_update_is_the_exact_kl_gradient_direction():
+    """Centred by a mean that includes the sample, the KL part is (G − 1)/G of ∇(−β·KL): the same direction."""
+    for g in (2, 3):
+        expected, exact = _tabular_kl_gradients(g, beta=0.3)
+        torch.testing.assert_close(expected, (g - 1) / g * exact, rtol=1e-4, atol=1e-6)
 
 
 def test_rloo_baseline_is_the_mean_of_the_others():
-    returns = torch.tensor([1.0, 2.0, 6.0])
-    # baselines (2 + 6)/2 = 4, (1 + 6)/2 = 3.5, (1 + 2)/2 = 1.5
-    torch.testing.assert_close(group_advantages(returns, 3, "rloo"), torch.tensor([-3.0, -1.5, 4.5]))
+    scores = torch.tensor([1.0, 2.0, 6.0])
+    # baselines (2 + 6)/2 = 4, (1 + 6)/2 = 3.5, (1 + 2)/2 = 1.5; the KL return enters R = s − β·K
+    torch.testing.assert_close(group_advantages(scores, torch.zeros(3), 3, "rloo", kl_coef=0.1),
+                               torch.tensor([-3.0, -1.5, 4.5]))  # fmt: skip
+    torch.testing.assert_close(group_advantages(torch.zeros(3), scores, 3, "rloo", kl_coef=0.1),
+                               -0.1 * torch.tensor([-3.0, -1.5, 4.5]))  # fmt: skip
 
 
 def test_rloo_baseline_excludes_the_sample_itself():
     """Unbiased: each episode's baseline R_i − A_i does not depend on its own return R_i."""
-    jac = torch.autograd.functional.jacobian(lambda r: r - group_advantages(r, 4, "rloo"), torch.randn(8))
+    zeros = torch.zeros(8)
+    jac = torch.autograd.functional.jacobian(lambda r: r - group_advantages(r, zeros, 4, "rloo", 0.0), torch.randn(8))
     assert torch.equal(jac.diagonal(), torch.zeros(8))
     assert (jac.abs().sum() > 0) and torch.equal(jac[:4, 4:], torch.zeros(4, 4))  # only the own group counts
 
 
-def test_group_advantage_shapes_are_checked():
+def test_group_advantage_arguments_are_checked():
     with pytest.raises(ValueError, match="group_size=4"):
-        group_advantages(torch.zeros(6), 4, "grpo")
+        group_advantages(torch.zeros(6), torch.zeros(6), 4, "grpo", 0.1)
     with pytest.raises(ValueError, match="algo='ppo'"):
-        group_advantages(torch.zeros(4), 2, "ppo")
+        group_advantages(torch.zeros(4), torch.zeros(4), 2, "ppo", 0.1)
+    with pytest.raises(ValueError, match="kl_returns has shape"):
+        group_advantages(torch.zeros(4), torch.zeros(3), 2, "grpo", 0.1)
+    with pytest.raises(ValueError, match="scale='mad' is not one of"):
+        group_advantages(torch.zeros(4), torch.zeros(4), 2, "grpo", 0.1, scale="mad")
+    with pytest.raises(ValueError, match="grpo_scale='mad'"):
+        PPOConfig(algo="grpo", grpo_scale="mad")
+
+
+def test_the_trainer_gives_groups_the_env_score_and_the_k1_return(tmp_path, monkeypatch):
+    """What the trainer hands group_advantages: the env's exact scores and Σ_t log π_old/π_ref, β unscaled."""
+    seen = {}
+    real = trainer_module.group_advantages
+    monkeypatch.setattr(trainer_module, "group_advantages",
+                        lambda *a, **kw: seen.setdefault("args", a) is not None and real(*a, **kw))  # fmt: skip
+    t = Trainer.create(PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), "algo": "grpo",
+                                    "group_size": 4, "precision": "fp32"}))  # fmt: skip
+    t.iteration()
+    scores, kl, g, algo, beta, scale = seen["args"]
+    ep = t.last_episodes
+    assert torch.equal(scores, (ep["score_reward"] + ep["eos_penalty"]).float())
+    torch.testing.assert_close(kl, ((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum(1),
+                               atol=1e-4, rtol=0)  # log π_old is the teacher-forced one  # fmt: skip
+    assert (g, algo, beta, scale) == (4, "grpo", t.last_beta, "std")
 
 
 def test_config_checks_the_groups():

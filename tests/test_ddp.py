@@ -14,7 +14,7 @@ from textgym.agents.ppo import PPOConfig, Trainer, train
 from textgym.agents.ppo.config import PRESETS
 
 # what the update computes (rollout-only columns are equal by construction)
-UPDATE = ("policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "explained_variance", "kl", "beta")
+UPDATE = ("policy_loss", "value_loss", "approx_kl", "clip_fraction", "entropy", "explained_variance", "kl", "kl_coef")
 
 
 def tiny(out, **changes) -> PPOConfig:

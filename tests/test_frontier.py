@@ -19,15 +19,19 @@ def test_the_fit_recovers_alpha_and_beta_from_points_on_a_gao_curve():
 
 def test_the_area_of_a_rising_then_falling_frontier_on_a_hand_computed_case():
     # R(d) = d(1 − ln d) peaks at d = 1 with R = 1 and is 0 again at d = e. With points everywhere the frontier is
-    # R up to 1, then 1 (a policy can stop at the peak): ∫0^1 d(1 − ln d) dd = 3/4, so the mean is (3/4 + e − 1)/e.
-    dense = np.linspace(0, 10, 100001)
-    assert frontier_auc(1.0, 1.0, dense, d_max=math.e, points=20001) == pytest.approx((0.75 + math.e - 1) / math.e,
-                                                                                      abs=1e-4)  # fmt: skip
-    # no credit past the KL a run reached: R(d) = d reached only up to 1, held there up to d_max = 2
-    reached = np.linspace(0, 1, 100001)
-    assert frontier_auc(1.0, 0.0, reached, d_max=2.0, points=20001) == pytest.approx((0.5 + 1.0) / 2, abs=1e-4)
+    # R up to d = 1, then 1 (a policy can stop at the peak). Averaged over KL k = d² ∈ [0, e²] nats:
+    # ∫0^1 R(√k) dk = ∫0^1 2d²(1 − ln d) dd = 2(1/3 + 1/9) = 8/9, then 1 on [1, e²]: mean (8/9 + e² − 1)/e².
+    dense = np.linspace(0, 10, 20001)
+    e2 = math.e**2
+    assert frontier_auc(1.0, 1.0, dense, kl_max=e2, points=4001) == pytest.approx((8 / 9 + e2 - 1) / e2, abs=1e-3)
+    # no credit past the KL a run reached: R(d) = d reached only up to d = 1 (KL 1), held there up to KL 4:
+    # ∫0^1 √k dk = 2/3, then 1 on [1, 4]: mean (2/3 + 3)/4 (over √KL it would have been 3/4)
+    reached = np.linspace(0, 1, 20001)
+    assert frontier_auc(1.0, 0.0, reached, kl_max=4.0, points=4001) == pytest.approx(11 / 12, abs=1e-3)
     # a run that only lost reward has the frontier of π_ref itself
-    assert frontier_auc(-1.0, 0.0, dense, d_max=2.0) == 0.0
+    assert frontier_auc(-1.0, 0.0, dense, kl_max=4.0) == 0.0
+    with pytest.raises(ValueError, match="kl_max=0 must be > 0"):
+        frontier_auc(1.0, 0.0, dense, kl_max=0)
 
 
 def test_the_fit_is_read_only_at_the_kls_a_run_reached():
@@ -41,12 +45,12 @@ def test_a_run_is_fitted_relative_to_pi_ref_and_points_without_kl_are_left_out()
     d = np.array([0.0, 0.5, 1.0, 1.5])
     curve = [{"env_steps": i, "kl": float(x * x), "score": 2.0 + 3 * x, "gold": 0.5 + x} for i, x in enumerate(d)]
     curve.append({"env_steps": 9, "kl": math.nan, "score": 100.0, "gold": 100.0})  # e.g. a user's ctx.log(steps, score)
-    out = run_frontier(curve, {"score": 2.0, "gold": 0.5}, d_max=1.0)
+    out = run_frontier(curve, {"score": 2.0, "gold": 0.5}, kl_max=1.0)
     assert out["gold_alpha"] == pytest.approx(1.0) and out["gold_beta"] == pytest.approx(0.0, abs=1e-12)
-    # F: 0 on [0, 0.5), 0.5 on [0.5, 1), 1 at 1 (gold); three times that (proxy)
-    assert out["gold_auc"] == pytest.approx(0.25, abs=2e-3) and out["proxy_auc"] == pytest.approx(0.75, abs=6e-3)
+    # F over KL k: 0 on [0, 0.25), 0.5 on [0.25, 1), 1 at 1 (gold): mean 0.375; three times that (proxy)
+    assert out["gold_auc"] == pytest.approx(0.375, abs=2e-3) and out["proxy_auc"] == pytest.approx(1.125, abs=6e-3)
     assert out["d_reached"] == 1.5
-    assert math.isnan(run_frontier(curve[:3], {"score": 0.0, "gold": 0.0}, d_max=1.0)["gold_auc"])  # 2 points: no fit
+    assert math.isnan(run_frontier(curve[:3], {"score": 0.0, "gold": 0.0}, kl_max=1.0)["gold_auc"])  # 2 points: no fit
 
 
 def test_the_fit_refuses_too_few_points_and_negative_d():
@@ -105,7 +109,7 @@ def test_refit_recomputes_a_finished_benchmarks_frontier_from_its_files(tmp_path
     with (tmp_path / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     for row in rows:
-        fit = run_frontier(curves[f"grpo/{row['seed']}"], setup["reference"], 0.5, setup["frontier_window"])
+        fit = run_frontier(curves[f"grpo/{row['seed']}"], setup["reference"], 0.25, setup["frontier_window"])
         expected = fit["gold_auc"]
         assert float(row["gold_auc"]) == pytest.approx(expected, abs=1e-4)
     assert setup["frontier_kl"] == 0.25 and "KL ≤ 0.25 |" in (tmp_path / "frontier.md").read_text()

@@ -70,3 +70,19 @@ def test_estimator_values_on_a_known_case():
     torch.testing.assert_close(kl_penalty(logp, ref, "k3"), torch.tensor([torch.exp(torch.tensor(-2.0)) - 1 + 2, 0]))
     with pytest.raises(ValueError, match="estimator='k9'"):
         kl_penalty(logp, ref, "k9")
+
+
+def test_pack_mask_round_trips_and_is_eight_times_smaller():
+    from textgym.functional import pack_mask, unpack_mask
+
+    torch.manual_seed(0)
+    for v in (1, 8, 13, 2048):  # a vocabulary that is not a multiple of 8 too
+        mask = torch.rand(3, 5, v) < 0.3
+        packed = pack_mask(mask)
+        assert packed.dtype == torch.uint8 and packed.shape == (3, 5, (v + 7) // 8)
+        assert torch.equal(unpack_mask(packed, v), mask)
+    assert pack_mask(torch.tensor([True, False, True, True, False, False, False, False, True])).tolist() == [13, 1]
+    with pytest.raises(ValueError, match="pack_mask takes a bool tensor"):
+        pack_mask(torch.ones(4))
+    with pytest.raises(ValueError, match="size=17"):
+        unpack_mask(torch.zeros(2, dtype=torch.uint8), 17)

@@ -7,7 +7,7 @@ import pytest
 
 from textgym.agents.ppo.plot import curves_figure, plot_metrics
 
-ROWS = [{"iteration": i, "score": s, "gold_score": g, "kl": k, "beta": 0.1}
+ROWS = [{"iteration": i, "score": s, "gold_score": g, "kl": k, "kl_coef": 0.1}
         for i, s, g, k in ((1, -0.25, 0.3, 0.0), (2, 0.5, 0.6, 2.0), (3, 1.0, 0.8, 4.0))]  # fmt: skip
 
 

@@ -167,7 +167,7 @@ def test_parameters_change_after_one_iteration(tmp_path):
         "rm_score",
         "gold_score",
         "kl",
-        "beta",
+        "kl_coef",
         "entropy",
         "approx_kl",
         "clip_fraction",
@@ -175,7 +175,7 @@ def test_parameters_change_after_one_iteration(tmp_path):
         "explained_variance",
         "response_length",
         "tokens_per_s",
-        "logprob_mismatch",
+        "logprob_mismatch_max",
     ):
         assert key in row and math.isfinite(row[key]), key
     assert row["env_steps"] == row["response_length"] * t.cfg.num_envs  # one env step per generated token
@@ -200,7 +200,7 @@ def test_first_minibatch_has_ratio_one_under_bf16_autocast(tmp_path):
 
     t.loss.forward, t._update = spy, each_update
     rows = [t.iteration() for _ in range(2)]
-    assert all(r["logprob_mismatch"] > 1e-3 for r in rows), (
+    assert all(r["logprob_mismatch_max"] > 1e-3 for r in rows), (
         "bf16 and fp32 log-probs should differ, else the test shows nothing"
     )
     for first in firsts:
@@ -233,7 +233,7 @@ def test_train_writes_outputs_and_resume_continues_exactly(tmp_path):
     train(b)
     resumed = train(tiny(tmp_path / "b", total_episodes=24, checkpoint_every=2, resume=True))
     assert [r["iteration"] for r in resumed] == [1, 2, 3]
-    for key in ("rm_score", "kl", "beta", "policy_loss", "value_loss", "gold_score"):
+    for key in ("rm_score", "kl", "kl_coef", "policy_loss", "value_loss", "gold_score"):
         assert resumed[2][key] == pytest.approx(full[2][key], rel=1e-5, abs=1e-7), key
     out = tmp_path / "a" / "run"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -11,10 +11,10 @@ import json
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from textgym.rewards.base import RewardModelError
+from textgym.threads import use_threads
 from textgym.utils import FolderInUseError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -42,64 +42,21 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _cpu_times() -> dict[str, tuple[int, int]] | None:
-    """``{cpu id: (busy jiffies, total jiffies)}`` from ``/proc/stat``, or None where there is none."""
-    try:
-        lines = Path("/proc/stat").read_text().splitlines()
-    except OSError:
-        return None
-    times = {}
-    for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit():
-            values = [int(v) for v in fields]
-            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-            times[name[3:]] = (sum(values) - idle, sum(values))
-    return times
-
-
-def free_cores(limit: int, interval: float = 0.2) -> int:
-    """Cores of this process's CPU set that other processes leave idle, in [1, ``limit``].
-
-    Measured over ``interval`` seconds while this process sleeps: a core busy more than half
-    that time is taken. Without ``/proc/stat`` (not Linux) the answer is ``limit``.
-    """
-    cpus = {str(c) for c in os.sched_getaffinity(0)} if hasattr(os, "sched_getaffinity") else set()
-    before = _cpu_times()
-    if not cpus or before is None:
-        return limit
-    time.sleep(interval)
-    after = _cpu_times() or {}
-    busy = 0
-    for c in cpus & set(before) & set(after):
-        (b0, t0), (b1, t1) = before[c], after[c]
-        busy += t1 > t0 and (b1 - b0) / (t1 - t0) > 0.5
-    return max(1, min(limit, len(cpus) - busy))
-
-
 def set_threads(requested: int | None) -> int:
-    """Set torch's intra-op threads: ``requested``, else one per core no other process is using.
+    """Set torch's intra-op threads for a command: ``requested``, else one per core of this process.
 
-    Why: torch starts one thread per core. When another process holds one of them, torch's threads
-    wait for each other at every parallel op and the loops run many times slower (60–100× was reported
-    on 2 cores; 1.6× on a small training run here); a thread per free core avoids it.
-    ``OMP_NUM_THREADS`` set by the user is left as torch read it.
+    Never a reading of the machine's load: the thread count changes torch's rounding, so a count
+    that followed other jobs made one seeded command give other numbers on a re-run
+    (:mod:`textgym.threads`). ``OMP_NUM_THREADS`` set by the user is left as torch read it.
 
     Returns:
         The thread count torch now uses.
     """
     import torch
 
-    default = torch.get_num_threads()
     if requested is None and "OMP_NUM_THREADS" in os.environ:
-        return default
-    n = requested if requested is not None else free_cores(default)
-    if n != default:
-        torch.set_num_threads(n)
-    if requested is None and n < default:
-        print(f"textgym: {default - n} of {default} cores are busy with other processes: torch uses {n} thread(s) "
-              "(--threads N to choose)", file=sys.stderr)  # fmt: skip
-    return n
+        return torch.get_num_threads()
+    return use_threads(requested)
 
 
 def _set_flag_type(parser: argparse.ArgumentParser, flag: str, kind) -> None:
@@ -204,7 +161,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun rank 0 reports (and wrote the run)
     last = history[-1] if history else {}
-    print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "beta") if k in last}))
+    print(json.dumps({k: last[k] for k in ("iteration", "score", "gold_score", "kl", "kl_coef") if k in last}))
     # what is on disk, not a fixed list: GRPO and RLOO have no critic, so no value/ folder
     wrote = [f"{cfg.out}/{name}" for name in RUN_OUTPUTS if (Path(cfg.out) / name).exists()]
     print(f"wrote {', '.join(wrote)}")
@@ -311,7 +268,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
         return
 
     values = {k: v for k, v in PRESETS["quick" if args.quick else "default"].items() if v is not None}
-    for name in ("task", "budget", "num_envs", "max_new_tokens", "kl_coef", "frontier_kl", "eval_episodes", "out"):
+    for name in ("task", "budget", "num_envs", "max_new_tokens", "kl_coef", "frontier_kl", "eval_episodes", "out",
+                 "threads"):  # fmt: skip
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     if args.algos:
@@ -438,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
 
     threads = torch.get_num_threads()
     try:
-        set_threads(args.threads)
+        set_threads(getattr(args, "threads", None))  # train: its config's field, set by the trainer
         args.func(args)
     except (ValueError, OSError, FolderInUseError, RewardModelError, FloatingPointError) as err:
         # OSError: a full disk or a read-only --out; FloatingPointError: a non-finite loss or weight refused
@@ -465,8 +423,9 @@ class _Subparsers:
 
     def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
         p = self.action.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
-        p.add_argument("--threads", type=_positive_int, default=None,
-                       help="torch threads (default: one per core that other processes leave idle)")  # fmt: skip
+        if name != "train":  # train's --threads is a config field: recorded with the run and reused on resume
+            p.add_argument("--threads", type=_positive_int, default=None,
+                           help="torch threads (default: one per core this process may use)")  # fmt: skip
         return p
 
 

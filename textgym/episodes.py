@@ -24,8 +24,8 @@ from tensordict import NonTensorStack, TensorDict
 __all__ = ["collect_episodes", "FINAL_INFO_KEYS"]
 
 # Per-episode results copied from the env's last-step info, with their dtypes.
-FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "gold_score": np.float64,
-                   "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
+FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
+                   "gold_score": np.float64, "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -64,8 +64,9 @@ def collect_episodes(
 
     Args:
         envs: a ``TextRLHFVectorEnv`` made with ``autoreset_mode="disabled"``.
-        policy: ``reset()`` and ``act(obs) -> (actions (N,), log-probs (N,))`` (tensors or arrays);
-            the log-prob is that of the distribution the action was drawn from.
+        policy: ``reset()`` and ``act(obs) -> (actions (N,), log-probs (N,)[, kept (N, W)])`` (tensors
+            or arrays); the log-prob is that of the distribution the action was drawn from, and a
+            truncating sampler adds that distribution's support, packed (``LMSampler.act``).
         num_episodes: slots to run (default: all ``num_envs``); the others stay idle.
         prompts: one prompt per episode (default: drawn by the env's per-slot RNGs). Giving the
             same prompt G times makes a group of G episodes on one prompt.
@@ -78,9 +79,10 @@ def collect_episodes(
         L = ``max_prompt_tokens + T``:
         ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
         ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward`` ``(B, T)`` and ``mask``
-        ``(B, T)`` (True on the response's tokens); ``rm_score``, ``score_reward``,
-        ``gold_score``, ``response_length``, ``length_capped`` ``(B,)``; ``prompt`` and
-        ``response`` text (non-tensor).
+        ``(B, T)`` (True on the response's tokens); ``kept`` ``(B, T, W)`` uint8 when the policy
+        returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the
+        missing-EOS penalty), ``gold_score``, ``response_length``, ``length_capped`` ``(B,)``;
+        ``prompt`` and ``response`` text (non-tensor).
     """
     _check_envs(envs)
     start = time.perf_counter()
@@ -98,10 +100,12 @@ def collect_episodes(
     while running.any():
         tp = time.perf_counter()
         with autocast():
-            actions, logps = policy.act(obs)
+            actions, logps, *kept = policy.act(obs)
         policy_seconds += time.perf_counter() - tp
         actions = _as_numpy(actions).astype(np.int64)
         obs, reward, terminated, truncated, info = envs.step(actions)
+        if kept:
+            buf.record_kept(running, _as_numpy(kept[0]))
         ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
         buf.finish(ended, obs, info)
         running &= ~ended
@@ -121,6 +125,14 @@ class _Buffers:
         self.obs = {k: np.zeros((n, L), dtype=np.int64) for k in ("input_ids", "attention_mask")}
         self.final = {k: np.zeros(n, dtype=d) for k, d in FINAL_INFO_KEYS.items()}
         self.text = {k: [""] * n for k in ("prompt", "response")}
+        self.kept: np.ndarray | None = None  # (n, T, W) packed kept sets of a truncating sampler
+
+    def record_kept(self, running, kept: np.ndarray) -> None:
+        """Store the running slots' kept sets at their current step (before :meth:`record` advances it)."""
+        if self.kept is None:
+            self.kept = np.zeros((*self.per_token["action"].shape, kept.shape[-1]), dtype=np.uint8)
+        rows = np.flatnonzero(running)
+        self.kept[rows, self.length[rows]] = kept[rows]
 
     def record(self, running, actions, logps, ref_logprob, reward, done) -> np.ndarray:
         """Write the step of the running slots; return the mask of those that ended on it."""
@@ -145,6 +157,8 @@ class _Buffers:
         T = self.per_token["action"].shape[1]
         data = {k: torch.as_tensor(v[:b]) for k, v in {**self.per_token, **self.obs, **self.final}.items()}
         data["mask"] = torch.as_tensor(np.arange(T)[None, :] < self.length[:b, None])  # (B, T)
+        if self.kept is not None:
+            data["kept"] = torch.as_tensor(self.kept[:b])  # (B, T, W)
         td = TensorDict(data, batch_size=[b])
         for key, values in self.text.items():
             td[key] = NonTensorStack.from_list(values[:b])

@@ -17,6 +17,8 @@ __all__ = [
     "masked_whiten",
     "position_ids_from_mask",
     "gather_logprobs",
+    "pack_mask",
+    "unpack_mask",
 ]
 
 
@@ -115,3 +117,27 @@ def gather_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
         raise ValueError(f"logits has batch shape {tuple(logits.shape[:-1])} but tokens has {tuple(tokens.shape)}")
     logp = torch.log_softmax(logits.float(), dim=-1)
     return logp.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1)
+
+
+def pack_mask(mask: Tensor) -> Tensor:
+    """A bool ``(..., V)`` mask packed 8 entries to a byte: ``(..., ceil(V / 8))`` uint8, little-endian bits.
+
+    Why: a truncated sampling distribution's kept set is stored with every sampled token so the
+    update can reuse it; at a 49k vocabulary a bool per entry would be 8x the memory.
+    """
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask has dtype {mask.dtype}; pack_mask takes a bool tensor")
+    pad = (-mask.shape[-1]) % 8
+    bits = torch.nn.functional.pad(mask, (0, pad)).view(*mask.shape[:-1], -1, 8).to(torch.uint8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
+    return (bits * weights).sum(-1, dtype=torch.uint8)
+
+
+def unpack_mask(packed: Tensor, size: int) -> Tensor:
+    """The inverse of :func:`pack_mask`: ``(..., W)`` uint8 → ``(..., size)`` bool, with ``size <= 8 W``."""
+    if packed.dtype != torch.uint8 or not 8 * (packed.shape[-1] - 1) < size <= 8 * packed.shape[-1]:
+        raise ValueError(f"packed has dtype {packed.dtype} and {packed.shape[-1]} bytes per row; unpack_mask needs "
+                         f"uint8 with ceil(size / 8) bytes for size={size}")  # fmt: skip
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1  # (..., W, 8)
+    return bits.flatten(-2)[..., :size].bool()

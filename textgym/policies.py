@@ -12,18 +12,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from textgym.functional import pack_mask
 from textgym.models import CachedDecoder
 
-__all__ = ["LMSampler", "truncate_logits"]
+__all__ = ["LMSampler", "kept_tokens", "restrict_logits", "truncate_logits"]
 
 
 def truncate_logits(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
     """``logits`` with every token outside the top-k, then the top-p (nucleus) set, at the dtype's lowest value.
 
-    Sampling from the result, and its log-softmax, give the truncated distribution the tokens were
-    drawn from; the PPO update applies the same function to its teacher-forced logits, so the
-    first ratio is 1. The lowest finite value, not -inf, keeps p·log p (entropy) finite. Ties at
-    the k-th logit are kept, as Hugging Face's top-k does; the most likely token is always kept.
+    Sampling from the result, and its log-softmax, give the truncated distribution the tokens are
+    drawn from. The lowest finite value, not -inf, keeps p·log p (entropy) finite.
 
     Args:
         logits: ``(..., V)``, already divided by the temperature (Hugging Face's order).
@@ -32,6 +31,24 @@ def truncate_logits(logits: Tensor, top_k: int | None = None, top_p: float | Non
     """
     if top_k is None and top_p is None:
         return logits
+    return restrict_logits(logits, kept_tokens(logits, top_k, top_p))
+
+
+def restrict_logits(logits: Tensor, keep: Tensor) -> Tensor:
+    """``logits`` ``(..., V)`` outside the bool ``keep`` set at the dtype's lowest value (finite, unlike -inf).
+
+    The PPO update restricts its teacher-forced logits to the kept set the sampler stored with each
+    token, never to a set of its own: recomputed from other-precision logits, the set can leave out
+    the sampled token (log π_old = −3.4e38 and a NaN update followed, under bf16).
+    """
+    return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+
+
+def kept_tokens(logits: Tensor, top_k: int | None = None, top_p: float | None = None) -> Tensor:
+    """The bool ``(..., V)`` set of tokens top-k, then top-p (nucleus), keep from ``logits``.
+
+    Ties at the k-th logit are kept, as Hugging Face's top-k does; the most likely token is always kept.
+    """
     keep = torch.ones_like(logits, dtype=torch.bool)
     if top_k is not None and top_k < logits.shape[-1]:
         keep &= logits >= logits.topk(top_k, dim=-1).values[..., -1:]  # (..., V) vs the k-th, (..., 1)
@@ -40,7 +57,7 @@ def truncate_logits(logits: Tensor, top_k: int | None = None, top_p: float | Non
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above each one
         keep &= torch.zeros_like(keep).scatter(-1, order, before < top_p)
-    return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+    return keep
 
 
 def _check_truncation(top_k: int | None, top_p: float | None) -> None:
@@ -151,17 +168,27 @@ class LMSampler:
         self.fed = np.where(resp_len == 0, 0, np.where(cont, resp_len, self.fed))
         return out
 
+    @property
+    def truncates(self) -> bool:
+        """Whether :meth:`act` samples from a top-k/top-p truncated distribution (and returns its kept sets)."""
+        return self.temperature > 0 and (self.top_k is not None or self.top_p is not None)
+
     @torch.no_grad()
-    def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
+    def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, ...]:
         """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the policy that acts.
 
         The log-prob is that of the distribution the token was drawn from: the tempered (and top-k/top-p
-        truncated) one, or for greedy decoding (temperature 0) the point mass, log 1 = 0.
+        truncated) one, or for greedy decoding (temperature 0) the point mass, log 1 = 0. A truncating
+        sampler returns a third element, the kept sets packed by :func:`textgym.functional.pack_mask`
+        ``(N, ceil(V / 8))``: the distribution is decided here, once, and the update reuses it.
         """
         logits = self.logits(obs)
         if self.temperature == 0:
             actions = logits.argmax(-1)
             return actions, torch.zeros(actions.shape, device=actions.device)
-        logp = torch.log_softmax(truncate_logits(logits / self.temperature, self.top_k, self.top_p), dim=-1)
+        logits = logits / self.temperature
+        keep = kept_tokens(logits, self.top_k, self.top_p) if self.truncates else None
+        logp = torch.log_softmax(logits if keep is None else restrict_logits(logits, keep), dim=-1)
         actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
-        return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        logp = logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return (actions, logp) if keep is None else (actions, logp, pack_mask(keep))

@@ -11,6 +11,8 @@ from typing import Any
 
 from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
 
+from .rollout import GROUP_SCALES
+
 __all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
            "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip
 
@@ -34,13 +36,21 @@ class PPOConfig:
         total_episodes: episodes (prompt + response) to train on.
         num_envs: env slots = episodes per rollout (the PPO batch).
         algo: ``ppo`` (clipped surrogate, GAE over a learned critic), ``grpo`` (no critic: each
-            episode's return minus its group's mean, over the group's std, for every token;
-            Shao et al., 2024) or ``rloo`` (no critic: the return minus the mean of the other
-            G − 1 returns of its group, an unbiased baseline; Ahmadian et al., 2024).
+            episode's score minus its group's mean, over the group's score std, plus its k1 KL return
+            centred in the group with β unscaled; Shao et al., 2024) or ``rloo`` (no critic: the
+            return minus the mean of the other G − 1 returns of its group, an unbiased baseline;
+            Ahmadian et al., 2024). See ``textgym.agents.ppo.rollout.group_advantages``.
         group_size: G, episodes per prompt for ``grpo``/``rloo`` (``num_envs`` holds
             ``num_envs / G`` groups).
+        grpo_scale: ``std`` divides GRPO's centred scores by the group's score std (each prompt's
+            score in its own units: the objective becomes E[score/σ_g] − β·KL); ``none`` only centres
+            them (Dr. GRPO, Liu et al., 2025: exactly E[score] − β·KL).
         seed: seeds the env, the sampling and the model initialisation.
         device: ``auto``, ``cpu`` or ``cuda`` (see ``precision``).
+        threads: torch's CPU threads for the run (None: one per core this process may use, never a
+            reading of the machine's load); recorded in ``config.json`` and reused by ``--resume``,
+            since another thread count rounds differently and the run would no longer repeat itself.
+        deterministic: also make torch use only deterministic algorithms (an op without one raises).
         out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
             ``RESUME_APPLIED`` fields may change (applied from the resumed iteration on), ``RESUME_FREE``
@@ -76,6 +86,11 @@ class PPOConfig:
             or AMX; else fp32), ``fp32`` or ``bf16`` (autocast for the policy's rollout forwards and the
             update's forwards; fp32 weights, optimizer state, logits and log-softmax; log π_old is recomputed
             in the update's precision; π_ref and the reward model in the env stay in their own precision).
+        tis_cap: cap C of the truncated importance weight min(π_old/π_sampler, C) on each token's
+            policy-gradient term, where π_old is the update's teacher-forced log-prob and π_sampler
+            the one the rollout drew the token with (they differ by rounding, most under bf16:
+            Yao et al., 2025, "Your efficient RL framework secretly brings you off-policy RL
+            training"); None: no correction.
         temperature: sampling temperature of the rollout (and of the update's log-probs).
         top_k: sample among the k most likely tokens only (None: all); the update's log-probs use the same
             truncated distribution, so the first ratio stays 1.
@@ -123,8 +138,11 @@ class PPOConfig:
     num_envs: int = 64
     algo: str = "ppo"
     group_size: int = 8
+    grpo_scale: str = "std"
     seed: int = 0
     device: str = "auto"
+    threads: int | None = None
+    deterministic: bool = False
     out: str = "runs/ppo"
     resume: bool = False
     env_id: str = "TextRLHF-v0"
@@ -143,6 +161,7 @@ class PPOConfig:
     kl_horizon: int = 10000
     kl_penalty: str = "k1_reward"
     precision: str = "auto"
+    tis_cap: float | None = 2.0
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
@@ -240,6 +259,13 @@ class PPOConfig:
             raise ValueError(f"top_k={self.top_k!r} must be an int >= 1 or None (every token)")
         if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p={self.top_p!r} must be a float in (0, 1] or None (every token)")
+        if self.grpo_scale not in GROUP_SCALES:
+            raise ValueError(f"grpo_scale={self.grpo_scale!r} is not one of {GROUP_SCALES}")
+        if self.tis_cap is not None and not (math.isfinite(self.tis_cap) and self.tis_cap >= 1):
+            raise ValueError(f"tis_cap={self.tis_cap!r} must be a finite float >= 1 or None (no correction)")
+        threads = self.threads
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core of this process)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
         if self.reward_timeout is not None and not (math.isfinite(self.reward_timeout) and self.reward_timeout > 0):

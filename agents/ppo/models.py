@@ -22,8 +22,9 @@ from torch import nn
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
-from textgym.functional import position_ids_from_mask
+from textgym.functional import position_ids_from_mask, unpack_mask
 from textgym.models import quiet_peft, use_fp32_attention
+from textgym.policies import restrict_logits
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ class TokenLogits(nn.Module):
 
     Returns ``(B, T, V)`` logits (divided by the sampling temperature): the logit at column
     ``P − 1 + t`` is the distribution of response token t (the off-by-one between logits and
-    tokens).
+    tokens). Given ``kept`` ``(B, T, W)``, the packed top-k/top-p sets the sampler drew each token
+    from, the logits outside them are at the lowest float: the update's distribution is the
+    sampler's, the sampled token always inside it.
     """
 
     def __init__(self, model: nn.Module, prompt_len: int, temperature: float = 1.0):
@@ -58,10 +61,15 @@ class TokenLogits(nn.Module):
         self.prompt_len = prompt_len
         self.temperature = temperature
 
-    def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, sequence: torch.Tensor, sequence_mask: torch.Tensor, kept: torch.Tensor | None = None
+    ) -> torch.Tensor:
         ids, mask = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
-        return out.logits[:, self.prompt_len - 1 : -1].float() / self.temperature  # (B, T, V)
+        logits = out.logits[:, self.prompt_len - 1 : -1].float() / self.temperature  # (B, T, V)
+        if kept is None:
+            return logits
+        return restrict_logits(logits, unpack_mask(kept, logits.shape[-1]))
 
 
 class TokenValues(nn.Module):
@@ -176,10 +184,12 @@ def make_loss(
     clip_epsilon: float,
     clip_value: float | None,
     critic_coef: float,
+    truncated: bool = False,
 ) -> tuple[ClipPPOLoss, TokenLogits]:
     """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding.
 
     Without a critic (GRPO, RLOO: the advantages come from groups) it is the clipped surrogate alone.
+    ``truncated``: the rollout sampled top-k/top-p; the actor reads each token's kept set (``"kept"``).
 
     Returns the loss and its :class:`TokenLogits` (hook it to read the logits of the last call, for
     :func:`ppo_diagnostics` — ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics — and
@@ -189,7 +199,7 @@ def make_loss(
 
     head = TokenLogits(policy, prompt_len, temperature)
     actor = ProbabilisticActor(
-        TensorDictModule(head, ["sequence", "sequence_mask"], ["logits"]),
+        TensorDictModule(head, ["sequence", "sequence_mask", *(["kept"] if truncated else [])], ["logits"]),
         in_keys=["logits"],
         distribution_class=Categorical,
         return_log_prob=True,

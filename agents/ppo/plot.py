@@ -58,7 +58,7 @@ def curves_figure(run_dir: str | Path) -> Figure:
     if config.get("target_kl") is not None:
         axes[2].axhline(config["target_kl"], ls="--", color="tab:red", label="target KL (config.json)")
     beta_ax = axes[2].twinx()  # β is a coefficient, not nats: its own scale on the right
-    beta_ax.plot(it, [r["beta"] for r in rows], ls="--", color="tab:purple", label="β, KL coefficient (right axis)")
+    beta_ax.plot(it, [r["kl_coef"] for r in rows], ls="--", color="tab:purple", label="β, KL coefficient (right axis)")
     beta_ax.set_ylabel("β")
     beta_ax.set_ylim(bottom=0)
     below = {"fontsize": "small", "loc": "upper center", "bbox_to_anchor": (0.5, -0.16)}  # off the curves

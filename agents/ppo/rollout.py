@@ -17,6 +17,7 @@ __all__ = [
     "explained_variance",
     "group_advantages",
     "per_token_rewards",
+    "sampler_mismatch",
     "sequence_batch",
     "trim_columns",
 ]
@@ -33,6 +34,8 @@ def sequence_batch(episodes: TensorDict) -> TensorDict:
     B, T = episodes["action"].shape
     seq, seq_mask = episodes["input_ids"], episodes["attention_mask"]
     data = {k: episodes[k] for k in PER_TOKEN_KEYS}
+    if "kept" in episodes.keys():  # (B, T, W) the sampler's packed kept sets: the update's distribution too
+        data["kept"] = episodes["kept"]
     data["sequence"] = seq.unsqueeze(1).expand(B, T, seq.shape[-1])  # (B, T, L)
     data["sequence_mask"] = seq_mask.unsqueeze(1).expand(B, T, seq.shape[-1])
     return TensorDict(data, batch_size=[B, T])
@@ -86,6 +89,44 @@ def per_token_rewards(
 
 
 @torch.no_grad()
+def sampler_mismatch(
+    old_logprob: torch.Tensor, sampler_logprob: torch.Tensor, mask: torch.Tensor, cap: float | None
+) -> dict[str, torch.Tensor | float]:
+    """How far the sampler's log-probs are from the learner's π_old, and the truncated importance weights.
+
+    The rollout's cached decode and the update's teacher-forced forward compute the same
+    distribution with other kernels (and, under bf16, other roundings), so tokens come from
+    π_sampler while the objective and the ratio are taken under π_old. The truncated importance
+    weight w_t = min(π_old/π_sampler, C) on each token's policy-gradient term corrects for it
+    (Yao et al., 2025; C bounds the variance a rare large ratio would add).
+
+    Args:
+        old_logprob, sampler_logprob, mask: ``(B, T)``.
+        cap: C >= 1, or None (weights reported, all 1).
+
+    Returns:
+        ``tis_weight`` ``(B, T)`` (0 on padding), and the floats ``logprob_mismatch_max`` and
+        ``logprob_mismatch_mean`` (|log π_old − log π_sampler| over valid tokens),
+        ``tis_weight_mean`` and ``tis_capped_fraction`` (tokens whose weight hit C).
+    """
+    if not old_logprob.shape == sampler_logprob.shape == mask.shape:
+        raise ValueError(f"old_logprob {tuple(old_logprob.shape)}, sampler_logprob {tuple(sampler_logprob.shape)} "
+                         f"and mask {tuple(mask.shape)} must have one shape (B, T)")  # fmt: skip
+    mask = mask.bool()
+    gap = torch.where(mask, old_logprob - sampler_logprob, 0.0)  # log π_old/π_sampler
+    ratio = gap.exp()
+    capped = mask & (ratio > cap) if cap is not None else torch.zeros_like(mask)
+    weight = torch.where(mask, ratio.clamp(max=cap) if cap is not None else torch.ones_like(ratio), 0.0)
+    return {
+        "tis_weight": weight,
+        "logprob_mismatch_max": float(gap.abs().max()),
+        "logprob_mismatch_mean": float(masked_mean(gap.abs(), mask)),
+        "tis_weight_mean": float(masked_mean(weight, mask)),
+        "tis_capped_fraction": float(masked_mean(capped.float(), mask)),
+    }
+
+
+@torch.no_grad()
 def compute_advantages(
     data: TensorDict, value_fn, gamma: float, lmbda: float, whiten_rewards: bool = False
 ) -> TensorDict:
@@ -121,27 +162,61 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - var_err / var_ret.clamp(min=1e-8))
 
 
-def group_advantages(returns: torch.Tensor, group_size: int, algo: str, eps: float = 1e-6) -> torch.Tensor:
+GROUP_SCALES = ("std", "none")
+
+
+def group_advantages(
+    scores: torch.Tensor,
+    kl_returns: torch.Tensor,
+    group_size: int,
+    algo: str,
+    kl_coef: float,
+    scale: str = "std",
+    eps: float = 1e-6,
+) -> torch.Tensor:
     """Critic-free advantages of groups of G episodes on one prompt (consecutive rows).
 
-    ``grpo``: (R_i − mean_g R) / (std_g R + eps), the group-standardised return of GRPO (Shao
-    et al., 2024, DeepSeekMath). ``rloo``: R_i − mean_{j ≠ i} R_j, the leave-one-out baseline
-    (Ahmadian et al., 2024): it does not depend on R_i, so the estimate stays unbiased.
+    The objective is that of every algorithm here, E[score] − β·KL(π‖π_ref), with the KL entering as
+    the k1 return K_i = Σ_t log(π_old/π_ref)(a_t|s_t) of each episode, β unscaled:
+
+    - ``rloo``: R_i − mean_{j ≠ i} R_j with R = score − β·K, the leave-one-out baseline (Ahmadian
+      et al., 2024): it does not depend on R_i, so the estimate of ∇(E[score] − β·KL) is unbiased.
+    - ``grpo``: (s_i − mean_g s) / (std_g s + eps) − β·(K_i − mean_g K). The score part is GRPO's
+      group standardisation (Shao et al., 2024; ``scale="none"``: only centred, Dr. GRPO, Liu et al.,
+      2025); the KL part is centred by the same group mean but never divided by the score's std: a
+      group with σ_g ≈ 0 would otherwise turn β into β/σ_g and its KL noise into ±1 advantages.
+      Centring on a mean that includes the sample scales each part's expected gradient by
+      (G − 1)/G, so ``scale="none"`` follows ∇(E[score] − β·KL) exactly in direction, and ``std``
+      follows ∇(E[score/σ_g] − β·KL): each prompt's score is measured in its group's std.
+      A group whose scores are all equal gets exactly 0 score advantage: it carries no score signal.
 
     Args:
-        returns: ``(B,)`` episode returns, B a multiple of ``group_size``.
+        scores: ``(B,)`` each episode's score (the reward model's, minus a missing-EOS penalty), B a
+            multiple of ``group_size``.
+        kl_returns: ``(B,)`` each episode's Σ_t log(π_old/π_ref) (zeros when the KL is a loss term).
         group_size: G >= 2.
         algo: ``"grpo"`` or ``"rloo"``.
+        kl_coef: β of the k1 KL return (0 when the KL enters the loss instead).
+        scale: ``grpo``'s score scaling, ``"std"`` or ``"none"``.
 
     Returns:
         ``(B,)`` advantages, one per episode (every token of it gets the same one).
     """
-    if returns.dim() != 1 or group_size < 2 or returns.shape[0] % group_size:
-        raise ValueError(f"returns of shape {tuple(returns.shape)} must be (B,) with B a multiple of "
+    if scores.dim() != 1 or group_size < 2 or scores.shape[0] % group_size:
+        raise ValueError(f"scores of shape {tuple(scores.shape)} must be (B,) with B a multiple of "
                          f"group_size={group_size} >= 2")  # fmt: skip
-    r = returns.view(-1, group_size)  # (B/G, G)
-    if algo == "grpo":
-        return ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)).view(-1)
+    if kl_returns.shape != scores.shape:
+        raise ValueError(f"kl_returns has shape {tuple(kl_returns.shape)} but scores has {tuple(scores.shape)}")
+    if scale not in GROUP_SCALES:
+        raise ValueError(f"scale={scale!r} is not one of {GROUP_SCALES}")
+    s, k = scores.view(-1, group_size), kl_returns.view(-1, group_size)  # (B/G, G)
     if algo == "rloo":
+        r = s - kl_coef * k
         return (r - (r.sum(1, keepdim=True) - r) / (group_size - 1)).view(-1)
-    raise ValueError(f"algo={algo!r} is not one of 'grpo', 'rloo'")
+    if algo != "grpo":
+        raise ValueError(f"algo={algo!r} is not one of 'grpo', 'rloo'")
+    centred = s - s.mean(1, keepdim=True)
+    if scale == "std":
+        centred = centred / (s.std(1, keepdim=True) + eps)
+    signal = (s.amax(1, keepdim=True) > s.amin(1, keepdim=True)).to(centred.dtype)  # 0: every score equal
+    return (centred * signal - kl_coef * (k - k.mean(1, keepdim=True))).view(-1)

@@ -27,7 +27,8 @@ import textgym  # noqa: F401  (registers TextRLHF-v0)
 from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
-from textgym.policies import LMSampler, truncate_logits
+from textgym.policies import LMSampler
+from textgym.threads import machine_threads, use_threads
 from textgym.utils import (
     check_writable_folder,
     link_files,
@@ -59,6 +60,7 @@ from .rollout import (
     explained_variance,
     group_advantages,
     per_token_rewards,
+    sampler_mismatch,
     sequence_batch,
     trim_columns,
 )
@@ -100,6 +102,8 @@ class Trainer:
         ``normalize_reward=(mean, std)`` and prompt block), applied over ``cfg.env_kwargs()``.
         """
         device = distributed.init(resolve_device(cfg.device))  # under torchrun: this rank's device
+        if cfg.threads is not None or cfg.deterministic:
+            use_threads(cfg.threads, cfg.deterministic)  # before any model: the run's rounding depends on it
         # the RM standardised at this run's length cap (before the seeds: calibration has its own)
         env_overrides = {**run_norm(cfg, device, env_overrides), **(env_overrides or {})}
         random.seed(cfg.seed)
@@ -111,9 +115,10 @@ class Trainer:
         policy = make_policy(cfg, base)
         critic = make_critic(base.reward_model, policy, lora) if cfg.algo == "ppo" else None  # GRPO/RLOO: none
         # under torchrun the loss calls the models through DDP (gradients all-reduced); saved are the bare ones
+        truncated = cfg.top_k is not None or cfg.top_p is not None  # the update reads the sampler's kept sets
         loss, actor_logits = make_loss(distributed.wrap(policy, device), distributed.wrap(critic, device),
                                        base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon, cfg.clip_value,
-                                       cfg.critic_coef)  # fmt: skip
+                                       cfg.critic_coef, truncated)  # fmt: skip
         groups = [{"params": trainable(policy), "lr": cfg.learning_rate}]
         if critic is not None:
             groups.append({"params": trainable(critic), "lr": cfg.critic_learning_rate})
@@ -126,9 +131,6 @@ class Trainer:
         trainer = cls(cfg, envs, policy, critic, loss, actor_logits, optimizer, kl_ctl, sampler, device,
                       last_beta=kl_ctl.value, lr_factor=lr_schedule(cfg),
                       env_overrides=dict(env_overrides or {}))  # fmt: skip
-        if cfg.top_k is not None or cfg.top_p is not None:
-            # the update's teacher-forced logits get the sampler's truncation (this hook runs first): ratio 1 at start
-            actor_logits.register_forward_hook(lambda module, inputs, out: truncate_logits(out, cfg.top_k, cfg.top_p))
         actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
         if cfg.num_workers and distributed.is_main():  # rank 0 collects every rollout
             from .ray_rollout import RolloutPool
@@ -166,7 +168,7 @@ class Trainer:
         # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
         sampled = data["sample_log_prob"]
         data["sample_log_prob"] = self._old_logprobs(data)
-        mismatch = ((data["sample_log_prob"] - sampled).abs() * data["mask"]).max().item()
+        mismatch = sampler_mismatch(data["sample_log_prob"], sampled, data["mask"], cfg.tis_cap)  # (B, T) weights
         if cfg.async_rollout:  # one step off-policy: π_old is the policy that sampled (mismatch: how far it lags)
             data["sample_log_prob"] = sampled
 
@@ -175,7 +177,10 @@ class Trainer:
         reward, log_ratio = per_token_rewards(data["env_reward"], data["sample_log_prob"], data["ref_logprob"],
                                               data["mask"], beta, in_reward)  # fmt: skip
         data["reward"] = reward
-        advantage_stats = self._advantages(data)
+        advantage_stats = self._advantages(data, episodes, log_ratio, in_reward)
+        weight = mismatch.pop("tis_weight")
+        if cfg.tis_cap is not None and not cfg.async_rollout:  # w·min(ρA, clip(ρ)A) = min(ρ·wA, clip(ρ)·wA), w >= 0
+            data["advantage"] = data["advantage"] * weight.unsqueeze(-1)
         t1 = time.perf_counter()
 
         check_finite({"reward": data["reward"], "advantage": data["advantage"]}, self.iteration_done + 1, "the update")
@@ -199,10 +204,10 @@ class Trainer:
             "score": float(episodes["score_reward"].mean()),
             "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
             "kl": kl_per_seq,
-            "beta": beta,
+            "kl_coef": beta,
             "response_length": float(mask.float().sum(1).mean()),
             **advantage_stats,
-            "logprob_mismatch": mismatch,
+            **mismatch,
             **stats,
             "tokens_per_s": tokens / timing["seconds"],
             "time_rollout": timing["seconds"],
@@ -268,8 +273,13 @@ class Trainer:
         return [p for p in self.envs.unwrapped.draw_prompts(range(0, n, g)) for _ in range(g)]
 
     @torch.no_grad()
-    def _advantages(self, data) -> dict[str, float]:
-        """Write ``advantage`` (B, T, 1) into ``data``: GAE over the critic (PPO) or the group baseline."""
+    def _advantages(self, data, episodes, log_ratio: torch.Tensor, kl_coef: float) -> dict[str, float]:
+        """Write ``advantage`` (B, T, 1) into ``data``: GAE over the critic (PPO) or the group baseline.
+
+        The groups take each episode's exact score from the env (not the per-token rewards minus
+        β·log π_ref, whose float32 rounding would be noise that GRPO's 1/σ blows up) and its k1 KL
+        return Σ_t log(π_old/π_ref), weighted by ``kl_coef`` (β, or 0 for a loss-side KL).
+        """
         cfg, mask = self.cfg, data["mask"]
         if cfg.algo == "ppo":
             with self.autocast():
@@ -277,10 +287,11 @@ class Trainer:
                                    cfg.lmbda, cfg.whiten_rewards)  # fmt: skip
             return {"explained_variance": explained_variance(data["state_value"][..., 0], data["value_target"][..., 0],
                                                              mask)}  # fmt: skip
-        returns = data["reward"].sum(1)  # (B,) the episode's KL-penalised return (γ = 1)
-        advantage = group_advantages(returns, cfg.group_size, cfg.algo)  # (B,): every token of an episode
+        scores = (episodes["score_reward"] + episodes["eos_penalty"]).to(self.device, torch.float32)  # (B,)
+        advantage = group_advantages(scores, log_ratio.sum(1), cfg.group_size, cfg.algo, kl_coef,
+                                     cfg.grpo_scale)  # (B,): every token of an episode  # fmt: skip
         data["advantage"] = (advantage[:, None] * mask).unsqueeze(-1)  # (B, T, 1)
-        return {"group_return_std": float(returns.view(-1, cfg.group_size).std(1).mean())}
+        return {"group_score_std": float(scores.view(-1, cfg.group_size).std(1).mean())}
 
     @torch.no_grad()
     def _old_logprobs(self, data) -> torch.Tensor:
@@ -290,7 +301,7 @@ class Trainer:
         for rows in torch.tensor_split(torch.arange(batch, device=self.device), min(self.cfg.num_minibatches, batch)):
             mb = data[rows]
             with self.autocast():
-                logits = self.actor_logits(mb["sequence"], mb["sequence_mask"])  # (b, T, V) fp32
+                logits = self.actor_logits(mb["sequence"], mb["sequence_mask"], mb.get("kept", None))  # (b, T, V)
             out.append(gather_logprobs(logits, mb["action"]))
         self._last_logits.clear()
         return torch.cat(out) * data["mask"]
@@ -430,21 +441,6 @@ class Trainer:
 
     def export(self, out: Path) -> None:
         """``out/policy`` and ``out/value`` from ``out/checkpoint`` (its weight files hard-linked) and the run info."""
-        tok = self.envs.unwrapped.tokenizer
-
-        def hf_folder(name: str, info: bool):
-            def write(folder: Path) -> None:
-                link_files(out / "checkpoint" / name, folder)
-                tok.save_pretrained(folder)
-                if info:
-                    (folder / RUN_INFO).write_text(json.dumps(self.run_info()))
-
-            return write
-
-        save_folder_atomically(out / "policy", hf_folder("policy", info=True))
-        if self.critic is not None:  # GRPO and RLOO have none
-            save_folder_atomically(out / "value", hf_folder("critic", info=False))
-
         tok = self.envs.unwrapped.tokenizer
 
         def hf_folder(name: str, info: bool):
@@ -818,6 +814,8 @@ def _open_run_folder(out: Path, cfg: PPOConfig, overwrite: bool) -> list[dict[st
             f"{', '.join(found)}): the run cannot continue where it stopped; pass --overwrite to start it again"
         )
     state = read_state(out / "checkpoint")
+    if cfg.threads is None:  # not given: the run's own (None in a run saved before it was recorded)
+        cfg.threads = state["config"].get("threads")
     check_resume_config(state["config"], cfg)
     kept = [row for row in read_metrics(out / METRICS) if row["iteration"] <= state["iteration"]]
     if len(kept) != state["iteration"]:
@@ -875,7 +873,12 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     """
     main = distributed.is_main()
     check_memory(cfg)  # before any model loads: a batch the machine cannot hold is refused with the estimate
-    history = distributed.on_main(lambda: _open_run_folder(out, cfg, overwrite))
+    history, cfg.threads = distributed.on_main(lambda: (_open_run_folder(out, cfg, overwrite), cfg.threads))
+    if cfg.threads is None:
+        cfg.threads = machine_threads()  # a new run: one thread per core, recorded in config.json
+    elif cfg.threads > machine_threads():
+        warnings.warn(f"threads={cfg.threads} is more than the {machine_threads()} cores this process may use: "
+                      "the run's numbers are the same, its speed lower", stacklevel=3)  # fmt: skip
     trainer = Trainer.create(cfg)
     if history is not None:
         trainer.load(out / "checkpoint")
@@ -953,12 +956,14 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     The run folder is locked while training (a second trainer fails at once). An existing run is
     continued only with ``cfg.resume`` and replaced only with ``overwrite``; see
     :func:`check_resume_config` for what a resume may change. Started by torchrun, every rank
-    trains (:mod:`.distributed`) and rank 0 alone locks the folder and writes to it.
+    trains (:mod:`.distributed`) and rank 0 alone locks the folder and writes to it. ``cfg.threads``
+    is filled in with the thread count the run uses; the caller's count is restored at the end.
     """
     from tqdm.auto import tqdm
 
     from .reporting import make_reporter
 
+    threads_before = torch.get_num_threads()
     out = Path(cfg.out)
     joined = not distributed.initialized()
     distributed.init(resolve_device(cfg.device))
@@ -981,6 +986,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
             trainer.close()
             if joined:
                 distributed.leave()
+            torch.set_num_threads(threads_before)
     return history
 
 

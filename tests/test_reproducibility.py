@@ -1,0 +1,79 @@
+"""A run's numbers depend on its config and seed, never on how busy the machine is (the thread count is
+a recorded run setting), and a resume continues with the run's own thread count."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from textgym.agents.benchmark import BenchConfig, run_benchmark
+from textgym.agents.ppo import PPOConfig, train
+from textgym.agents.ppo.config import PRESETS
+from textgym.threads import machine_threads, use_threads
+
+TIMING = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantage", "time_update")
+
+
+def _cli_train(out, *flags: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    subprocess.run([sys.executable, "-m", "textgym.cli", "train", "--config", "tiny", "--total-episodes", "32",
+                    "--out", str(out), *flags], check=True, env=env, capture_output=True, timeout=600)  # fmt: skip
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+
+
+@pytest.mark.skipif(machine_threads() < 2, reason="needs 2 cores: one busy, one for the run")
+def test_a_run_repeats_itself_exactly_while_another_process_keeps_a_core_busy(tmp_path):
+    """Before, the CLI took one thread per *idle* core: the busy run used 1 thread and differed from iteration 2."""
+    quiet = _cli_train(tmp_path / "quiet")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        loaded = _cli_train(tmp_path / "busy")
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(quiet) == 4 and quiet == loaded
+    recorded = json.loads((tmp_path / "busy" / "config.json").read_text())["threads"]
+    assert recorded == machine_threads()
+
+
+def _tiny(tmp_path, **changes) -> PPOConfig:
+    return PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), **changes})
+
+
+def test_resume_reuses_the_recorded_thread_count_and_refuses_another(tmp_path):
+    before = torch.get_num_threads()
+    whole = train(_tiny(tmp_path / "whole", total_episodes=32, threads=1))
+    assert torch.get_num_threads() == before  # the caller's count is given back
+    train(_tiny(tmp_path, total_episodes=16, threads=1))
+    cfg = _tiny(tmp_path, total_episodes=32, resume=True)  # threads not given: the run's own
+    with pytest.warns(UserWarning, match="total_episodes changes"):
+        resumed = train(cfg)
+    assert cfg.threads == 1
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in whole
+    ]
+    with pytest.raises(ValueError, match=r"threads: 1 -> 2"):
+        train(_tiny(tmp_path, total_episodes=48, resume=True, threads=2))
+
+
+def test_thread_settings_are_checked():
+    with pytest.raises(ValueError, match=r"threads=0 must be an int >= 1 or None"):
+        PPOConfig(threads=0)
+    with pytest.raises(ValueError, match=r"threads='2' must be an int >= 1 or None"):
+        use_threads("2")
+
+
+def test_two_benchmark_invocations_give_identical_tables(tmp_path):
+    def table(out):
+        cfg = BenchConfig(algos=["reference", "torchrl_ppo", "grpo"], seeds=[0], budget=48, num_envs=8,
+                          max_new_tokens=4, eval_episodes=8, calibration_episodes=16, out=str(out),
+                          threads=2)  # fmt: skip
+        rows = run_benchmark(cfg)
+        assert json.loads((out / "env.json").read_text())["threads"] == 2
+        return [{k: v for k, v in r.items() if k not in ("train_s", "env_steps_per_s")} for r in rows]
+
+    assert table(tmp_path / "a") == table(tmp_path / "b")
