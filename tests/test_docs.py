@@ -13,6 +13,7 @@ documented may print a warning.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -35,7 +36,7 @@ WARNING = re.compile(r"Warning\b|^W\d{4} ", re.M)  # "UserWarning: …"; torchru
 # the explicit small budgets of `doctest: tiny` blocks: flags appended per textgym command, Python replacements
 TINY_FLAGS = {"train": ["--total-episodes", "8", "--num-envs", "8", "--no-progress"],
               "eval": ["--episodes", "8", "--num-envs", "8", "--no-progress"]}  # fmt: skip
-TINY_PYTHON = {"model.learn(2048,": "model.learn(64,"}
+TINY_PYTHON = {"model.learn(2048,": "model.learn(32,"}  # one rollout of n_steps=32 and its update
 CROSSES_A_PROCESS = re.compile(r"SubprocVecEnv|vectorization_mode=\"async\"|AsyncVectorEnv|start_method")
 
 
@@ -141,6 +142,11 @@ def check_command(args: list[str], where: str) -> None:
     elif args[0] == "make":
         makefile = (ROOT / "Makefile").read_text()
         assert all(re.search(rf"^{t}:", makefile, re.M) for t in args[1:]), f"{where}: {args}"
+    elif args[0].endswith("python") and len(args) > 1:
+        if args[1] == "-m":
+            assert importlib.util.find_spec(args[2]) is not None, f"{where}: no module {args[2]}"
+        else:
+            assert (ROOT / args[1]).is_file(), f"{where}: no script {args[1]}"
     elif args[:2] == ["pip", "install"]:
         extras = json.dumps(_pyproject()["project"]["optional-dependencies"])
         for spec in args[2:]:
@@ -168,7 +174,9 @@ def test_every_block_is_python_or_bash_and_markers_sit_on_a_fence():
     for page in PAGES:
         text = page.read_text()
         langs = {b.lang for b in blocks(page)}
-        assert langs <= {"python", "bash", "json", "text", "toml"}, (page, langs)
+        assert langs <= {"python", "bash", "json", "text", "toml"}, (
+            f"{page.name}: fenced blocks {langs}: label each ```python, ```bash (run or marked) or ```text (output)"
+        )
         marked = sum(1 for line in text.splitlines() if MARKER.fullmatch(line.strip()))
         assert marked == sum(b.mode != "run" for b in blocks(page)), (
             f"{page}: a doctest marker not right before a fence"
