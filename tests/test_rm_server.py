@@ -186,7 +186,9 @@ def test_the_readme_commands_serve_and_train(tmp_path):
     train = [*TEXTGYM, *(a.replace("8000", port).replace("runs/tiny-remote", str(tmp_path / "run")) for a in train[1:])]
     proc = start_server(int(port), command=serve)
     try:
-        out = run_cli(train).stdout
+        done = run_cli(train)
+        out = done.stdout
+        assert not re.search(r"Warning\b", done.stderr), done.stderr[-3000:]  # as tests/test_docs.py asks of commands
         calls = httpx.get(f"http://127.0.0.1:{port}/health").json()["score_calls"]
     finally:
         stop(proc)
