@@ -67,31 +67,26 @@ def run(done_run, tmp_path):
 
 
 # ---------------------------------------------------------------- 1. a crash during the last save
-def test_a_crash_between_the_checkpoint_and_the_exports_is_repaired_on_resume(tmp_path, monkeypatch):
-    """Killed after the final checkpoint's swap, before policy/ and value/: the resume re-exports them."""
-    import textgym.agents.ppo.trainer as trainer_module
+def test_exports_left_behind_by_a_crash_in_the_last_save_are_re_exported_on_resume(run):
+    """A kill after the last save's checkpoint swap, before its policy/ and value/ swaps, leaves the exports an
+    iteration behind (weights and beta); the resume, which has nothing left to train, re-exports them."""
+    from safetensors.torch import load_file, save_file
 
-    out = tmp_path / "run"
-    real_save = trainer_module.save_folder_atomically
+    for folder in ("policy", "value"):
+        path = run / folder / "model.safetensors"
+        weights = load_file(path)
+        path.unlink()  # a file of its own: the checkpoint's hard-linked one stays as it is
+        save_file({k: v + 1.0 for k, v in weights.items()}, path)
+    info = json.loads((run / "policy" / "textgym_run.json").read_text())
+    (run / "policy" / "textgym_run.json").write_text(json.dumps({**info, "kl_coef": 0.123}))
+    assert sha(run / "policy" / "model.safetensors") != sha(run / "checkpoint" / "policy" / "model.safetensors")
 
-    def crash_at_the_last_policy_export(folder, write):
-        state = json.loads((out / "checkpoint" / "state.json").read_text()) if (out / "checkpoint").is_dir() else {}
-        if Path(folder).name == "policy" and state.get("iteration") == 2:
-            raise KeyboardInterrupt  # the kill -9 between the checkpoint's swap and the exports' swaps
-        real_save(folder, write)
-
-    monkeypatch.setattr(trainer_module, "save_folder_atomically", crash_at_the_last_policy_export)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny(out))
-    monkeypatch.undo()
-    assert sha(out / "policy" / "model.safetensors") != sha(out / "checkpoint" / "policy" / "model.safetensors")
-
-    with pytest.warns(UserWarning, match=r"policy.*value.*do not match .*checkpoint.*re-exported"):
-        history = train(tiny(out, resume=True))
+    with pytest.warns(UserWarning, match=r"policy, value do not match .*checkpoint.*re-exported"):
+        history = train(tiny(run, resume=True))
     assert [r["iteration"] for r in history] == [1, 2]
-    assert sha(out / "policy" / "model.safetensors") == sha(out / "checkpoint" / "policy" / "model.safetensors")
-    assert sha(out / "value" / "model.safetensors") == sha(out / "checkpoint" / "critic" / "model.safetensors")
-    assert json.loads((out / "policy" / "textgym_run.json").read_text())["kl_coef"] == rows(out)[-1]["beta"]
+    assert sha(run / "policy" / "model.safetensors") == sha(run / "checkpoint" / "policy" / "model.safetensors")
+    assert sha(run / "value" / "model.safetensors") == sha(run / "checkpoint" / "critic" / "model.safetensors")
+    assert json.loads((run / "policy" / "textgym_run.json").read_text())["kl_coef"] == rows(run)[-1]["kl_coef"]
 
 
 TIMING = ("tokens_per_s", "time_")  # metrics that measure the machine, not the run
@@ -359,6 +354,29 @@ def test_sigterm_stops_a_run_saying_what_was_saved(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM
     assert f"stopped by SIGTERM; the checkpoint in {out / 'checkpoint'} holds iteration {saved}" in err
     assert "--resume" in err
+
+
+HANGS_ON_STOP = """
+import time
+from textgym.agents.ppo.guards import stop_on_sigterm
+with stop_on_sigterm(grace=1.0):
+    try:
+        print("ready", flush=True)
+        time.sleep(60)
+    finally:
+        time.sleep(4)  # a cleanup that does not end: the stop hangs
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_that_hangs_prints_every_threads_stack(signum):
+    proc = subprocess.Popen([sys.executable, "-c", HANGS_ON_STOP], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert "Timeout (0:00:01)!" in err and "most recent call first" in err, err
+    assert ("KeyboardInterrupt" if signum == signal.SIGINT else "Stopped: SIGTERM") in err
 
 
 # ---------------------------------------------------------------- the fault trial's kill loop

@@ -9,7 +9,9 @@ Ctrl-C does, so the caller can say what the run folder holds.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import signal
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -146,26 +148,30 @@ class Stopped(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """Within the block, SIGTERM raises :class:`Stopped` (as Ctrl-C raises KeyboardInterrupt).
+def stop_on_sigterm(grace: float = 30.0) -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Stopped` and Ctrl-C KeyboardInterrupt, each arming a stack dump.
 
     Why: the default SIGTERM ends the process at once, with no word of what the run folder holds;
     an exception unwinds through the trainer's ``finally`` blocks (the lock, the Ray workers) and
-    lets the caller report the last checkpoint. Only in the main thread, and only where no one
-    else installed a handler.
+    lets the caller report the last checkpoint. A stop that does not finish unwinding within
+    ``grace`` seconds (one Ctrl-C in a fault trial hung over a minute) prints every thread's stack
+    to stderr, so the hang can be found. Only in the main thread, and only for signals whose
+    handler is still Python's default.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
-        signal.SIG_DFL,
-        None,
-    ):
+    defaults = {signal.SIGTERM: (signal.SIG_DFL, None), signal.SIGINT: (signal.default_int_handler,)}
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    ours = [s for s, default in defaults.items() if signal.getsignal(s) in default]
 
     def handler(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
+        faulthandler.dump_traceback_later(grace, exit=False, file=sys.stderr)
+        raise Stopped(signum) if signum == signal.SIGTERM else KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in ours}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        faulthandler.cancel_dump_traceback_later()  # unwound in time: no stack dump
+        for s, old in previous.items():
+            signal.signal(s, old)
