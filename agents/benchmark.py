@@ -366,6 +366,9 @@ class BenchConfig:
             raise ValueError(f"algos={unknown} are not registered; registered: {sorted(ALGORITHMS)}")
         if min(self.budget, self.num_envs, self.eval_episodes, self.calibration_episodes) < 1 or not self.seeds:
             raise ValueError("budget, num_envs, eval_episodes and calibration_episodes must be >= 1, seeds non-empty")
+        threads = self.threads
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core of this process)")
         if not self.frontier_kl > 0:
             raise ValueError(f"frontier_kl={self.frontier_kl} must be > 0 (nats per sequence)")
 

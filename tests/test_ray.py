@@ -18,7 +18,8 @@ ray = pytest.importorskip("ray")
 
 # the numbers of a row (times differ from run to run)
 METRICS = ("episodes", "env_steps", "rm_score", "score", "gold_score", "kl", "kl_coef", "response_length",
-           "explained_variance", "logprob_mismatch_max", "policy_loss", "value_loss", "approx_kl", "entropy")  # fmt: skip
+           "explained_variance", "logprob_mismatch_max", "policy_loss", "value_loss", "approx_kl",
+           "entropy")  # fmt: skip
 
 
 def tiny(tmp_path, **changes) -> PPOConfig:

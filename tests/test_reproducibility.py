@@ -19,8 +19,10 @@ TIMING = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantag
 
 def _cli_train(out, *flags: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    subprocess.run([sys.executable, "-m", "textgym.cli", "train", "--config", "tiny", "--total-episodes", "32",
-                    "--out", str(out), *flags], check=True, env=env, capture_output=True, timeout=600)  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "textgym.cli", "train", "--config", "tiny", "--total-episodes", "32",
+                           "--out", str(out), *flags], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
@@ -76,4 +78,31 @@ def test_two_benchmark_invocations_give_identical_tables(tmp_path):
         assert json.loads((out / "env.json").read_text())["threads"] == 2
         return [{k: v for k, v in r.items() if k not in ("train_s", "env_steps_per_s")} for r in rows]
 
-    assert table(tmp_path / "a") == table(tmp_path / "b")
+    assert json.dumps(table(tmp_path / "a")) == json.dumps(table(tmp_path / "b"))  # NaN cells (π_ref's AUC) too
+
+
+def test_omp_num_threads_set_by_the_user_is_the_default_and_deterministic_mode_is_given_back(tmp_path, monkeypatch):
+    """torchrun sets OMP_NUM_THREADS=1 per rank: a run without --threads takes it rather than one per core."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # what torch read from OMP_NUM_THREADS at import
+    try:
+        cfg = _tiny(tmp_path, total_episodes=8, deterministic=True)
+        train(cfg)
+    finally:
+        torch.set_num_threads(before)
+    assert cfg.threads == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
+    assert not torch.are_deterministic_algorithms_enabled()  # the caller's mode, given back
+
+
+def test_a_run_saved_before_tis_cap_existed_resumes_only_without_weights():
+    from textgym.agents.ppo.trainer import check_resume_config
+
+    saved = {k: v for k, v in _tiny_dict().items() if k != "tis_cap"}
+    with pytest.raises(ValueError, match=r"tis_cap: None -> 2.0"):
+        check_resume_config(saved, PPOConfig(**_tiny_dict()))
+    check_resume_config(saved, PPOConfig(**{**_tiny_dict(), "tis_cap": None}))
+
+
+def _tiny_dict() -> dict:
+    return PPOConfig(**{**PRESETS["tiny"], "out": "runs/x"}).to_dict()

@@ -116,9 +116,11 @@ def test_top_k_top_p_sampling_and_the_update_agree(tmp_path):
     envs, model = trainer.envs, trainer.envs.unwrapped.model
     obs, _ = envs.reset(seed=0)
     greedy = LMSampler.for_env(model, envs).logits(obs).argmax(-1)
-    actions, logp, kept = LMSampler.for_env(model, envs, top_k=1, seed=0).act(obs)
+    top1 = LMSampler.for_env(model, envs, top_k=1, seed=0)
+    actions, logp = top1.act(obs)
     assert torch.equal(actions, greedy) and (logp == 0).all()  # top-1: the most likely token, with certainty
-    assert torch.equal(unpack_mask(kept, model.config.vocab_size).sum(-1), torch.ones(len(actions), dtype=torch.long))
+    kept = unpack_mask(top1.last_kept, model.config.vocab_size)
+    assert torch.equal(kept.sum(-1), torch.ones(len(actions), dtype=torch.long))
     with pytest.raises(ValueError, match="top_p=1.5 must be a float in"):
         tiny(tmp_path, top_p=1.5)
     # the saved policy is evaluated sampling as it was trained

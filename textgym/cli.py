@@ -43,19 +43,15 @@ def _positive_int(text: str) -> int:
 
 
 def set_threads(requested: int | None) -> int:
-    """Set torch's intra-op threads for a command: ``requested``, else one per core of this process.
+    """Set torch's intra-op threads for a command: ``requested``, else ``OMP_NUM_THREADS`` if set, else one per
+    core of this process (:func:`textgym.threads.default_threads`).
 
     Never a reading of the machine's load: the thread count changes torch's rounding, so a count
-    that followed other jobs made one seeded command give other numbers on a re-run
-    (:mod:`textgym.threads`). ``OMP_NUM_THREADS`` set by the user is left as torch read it.
+    that followed other jobs made one seeded command give other numbers on a re-run.
 
     Returns:
         The thread count torch now uses.
     """
-    import torch
-
-    if requested is None and "OMP_NUM_THREADS" in os.environ:
-        return torch.get_num_threads()
     return use_threads(requested)
 
 

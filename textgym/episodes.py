@@ -64,9 +64,9 @@ def collect_episodes(
 
     Args:
         envs: a ``TextRLHFVectorEnv`` made with ``autoreset_mode="disabled"``.
-        policy: ``reset()`` and ``act(obs) -> (actions (N,), log-probs (N,)[, kept (N, W)])`` (tensors
-            or arrays); the log-prob is that of the distribution the action was drawn from, and a
-            truncating sampler adds that distribution's support, packed (``LMSampler.act``).
+        policy: ``reset()`` and ``act(obs) -> (actions (N,), log-probs (N,))`` (tensors or arrays);
+            the log-prob is that of the distribution the action was drawn from. A truncating sampler
+            leaves that distribution's support, packed, in ``policy.last_kept`` (``LMSampler.act``).
         num_episodes: slots to run (default: all ``num_envs``); the others stay idle.
         prompts: one prompt per episode (default: drawn by the env's per-slot RNGs). Giving the
             same prompt G times makes a group of G episodes on one prompt.
@@ -90,9 +90,7 @@ def collect_episodes(
     n, T = envs.num_envs, base.max_new_tokens
     running = _start_mask(n, num_episodes)
     b = int(running.sum())
-    options: dict[str, Any] = {"reset_mask": running}
-    if prompts is not None:
-        options["prompt"] = list(prompts)
+    options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
     policy.reset()
     obs, _ = envs.reset(seed=seed, options=options)
     buf = _Buffers(n, T, obs["input_ids"].shape[1])
@@ -100,12 +98,11 @@ def collect_episodes(
     while running.any():
         tp = time.perf_counter()
         with autocast():
-            actions, logps, *kept = policy.act(obs)
+            actions, logps = policy.act(obs)
         policy_seconds += time.perf_counter() - tp
         actions = _as_numpy(actions).astype(np.int64)
         obs, reward, terminated, truncated, info = envs.step(actions)
-        if kept:
-            buf.record_kept(running, _as_numpy(kept[0]))
+        buf.record_kept(running, getattr(policy, "last_kept", None))
         ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
         buf.finish(ended, obs, info)
         running &= ~ended
@@ -127,8 +124,12 @@ class _Buffers:
         self.text = {k: [""] * n for k in ("prompt", "response")}
         self.kept: np.ndarray | None = None  # (n, T, W) packed kept sets of a truncating sampler
 
-    def record_kept(self, running, kept: np.ndarray) -> None:
-        """Store the running slots' kept sets at their current step (before :meth:`record` advances it)."""
+    def record_kept(self, running, kept) -> None:
+        """Store the running slots' kept sets (None: the policy has none) at their current step, before
+        :meth:`record` advances it."""
+        if kept is None:
+            return
+        kept = _as_numpy(kept)
         if self.kept is None:
             self.kept = np.zeros((*self.per_token["action"].shape, kept.shape[-1]), dtype=np.uint8)
         rows = np.flatnonzero(running)

@@ -118,6 +118,7 @@ class LMSampler:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         self.generator = generator
         self.fed = np.full(num_slots, -1, dtype=np.int64)  # response tokens consumed per slot
+        self.last_kept: Tensor | None = None  # (N, W) packed support of the last act's distribution (truncating)
 
     @classmethod
     def for_env(cls, model, env, **kwargs) -> LMSampler:
@@ -170,19 +171,21 @@ class LMSampler:
 
     @property
     def truncates(self) -> bool:
-        """Whether :meth:`act` samples from a top-k/top-p truncated distribution (and returns its kept sets)."""
+        """Whether :meth:`act` samples from a top-k/top-p truncated distribution (and leaves its kept sets)."""
         return self.temperature > 0 and (self.top_k is not None or self.top_p is not None)
 
     @torch.no_grad()
-    def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, ...]:
+    def act(self, obs: dict[str, np.ndarray | Tensor]) -> tuple[Tensor, Tensor]:
         """Sample one token per slot; return ``(actions (N,), log-probs (N,))`` under the policy that acts.
 
         The log-prob is that of the distribution the token was drawn from: the tempered (and top-k/top-p
         truncated) one, or for greedy decoding (temperature 0) the point mass, log 1 = 0. A truncating
-        sampler returns a third element, the kept sets packed by :func:`textgym.functional.pack_mask`
-        ``(N, ceil(V / 8))``: the distribution is decided here, once, and the update reuses it.
+        sampler also leaves that distribution's support in :attr:`last_kept`, packed by
+        :func:`textgym.functional.pack_mask` ``(N, ceil(V / 8))``: the distribution is decided here,
+        once, and the update reuses it (``collect_episodes`` stores it with each token).
         """
         logits = self.logits(obs)
+        self.last_kept = None
         if self.temperature == 0:
             actions = logits.argmax(-1)
             return actions, torch.zeros(actions.shape, device=actions.device)
@@ -190,5 +193,6 @@ class LMSampler:
         keep = kept_tokens(logits, self.top_k, self.top_p) if self.truncates else None
         logp = torch.log_softmax(logits if keep is None else restrict_logits(logits, keep), dim=-1)
         actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
-        logp = logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-        return (actions, logp) if keep is None else (actions, logp, pack_mask(keep))
+        if keep is not None:
+            self.last_kept = pack_mask(keep)
+        return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)

@@ -42,9 +42,9 @@ class PPOConfig:
             Ahmadian et al., 2024). See ``textgym.agents.ppo.rollout.group_advantages``.
         group_size: G, episodes per prompt for ``grpo``/``rloo`` (``num_envs`` holds
             ``num_envs / G`` groups).
-        grpo_scale: ``std`` divides GRPO's centred scores by the group's score std (each prompt's
-            score in its own units: the objective becomes E[score/σ_g] − β·KL); ``none`` only centres
-            them (Dr. GRPO, Liu et al., 2025: exactly E[score] − β·KL).
+        grpo_scale: ``std`` divides GRPO's centred scores by the group's own score std (GRPO's
+            self-normalised estimator, biased, with no closed-form objective); ``none`` only centres
+            them (Dr. GRPO, Liu et al., 2025: the update follows E[score] − β·KL exactly).
         seed: seeds the env, the sampling and the model initialisation.
         device: ``auto``, ``cpu`` or ``cuda`` (see ``precision``).
         threads: torch's CPU threads for the run (None: one per core this process may use, never a

@@ -186,8 +186,10 @@ def group_advantages(
       2025); the KL part is centred by the same group mean but never divided by the score's std: a
       group with σ_g ≈ 0 would otherwise turn β into β/σ_g and its KL noise into ±1 advantages.
       Centring on a mean that includes the sample scales each part's expected gradient by
-      (G − 1)/G, so ``scale="none"`` follows ∇(E[score] − β·KL) exactly in direction, and ``std``
-      follows ∇(E[score/σ_g] − β·KL): each prompt's score is measured in its group's std.
+      (G − 1)/G, so ``scale="none"`` follows ∇(E[score] − β·KL) exactly in direction. With ``std``
+      the KL part still does, but the score part is GRPO's self-normalised estimator: σ_g is the
+      group's own sample std (random, and a function of s_i), so it follows no closed-form
+      objective — a biased, scale-free step toward higher scores.
       A group whose scores are all equal gets exactly 0 score advantage: it carries no score signal.
 
     Args:

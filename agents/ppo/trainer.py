@@ -28,7 +28,7 @@ from textgym.episodes import collect_episodes
 from textgym.functional import gather_logprobs, kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler
-from textgym.threads import machine_threads, use_threads
+from textgym.threads import default_threads, machine_threads, use_threads
 from textgym.utils import (
     check_writable_folder,
     link_files,
@@ -165,12 +165,8 @@ class Trainer:
         self.last_episodes = episodes
         data = trim_columns(sequence_batch(episodes), base.max_prompt_tokens).to(self.device)
 
-        # -- log π_old teacher-forced in the update's precision, so the first minibatch has ratio 1
-        sampled = data["sample_log_prob"]
-        data["sample_log_prob"] = self._old_logprobs(data)
-        mismatch = sampler_mismatch(data["sample_log_prob"], sampled, data["mask"], cfg.tis_cap)  # (B, T) weights
-        if cfg.async_rollout:  # one step off-policy: π_old is the policy that sampled (mismatch: how far it lags)
-            data["sample_log_prob"] = sampled
+        # -- log π_old teacher-forced in the update's precision (first minibatch: ratio 1); the sampler's gap to it
+        weight, mismatch = self._pi_old(data)
 
         # -- per-token KL-penalised rewards; advantages by GAE over the critic (PPO) or by groups
         in_reward = beta if cfg.kl_penalty == "k1_reward" else 0.0
@@ -178,8 +174,7 @@ class Trainer:
                                               data["mask"], beta, in_reward)  # fmt: skip
         data["reward"] = reward
         advantage_stats = self._advantages(data, episodes, log_ratio, in_reward)
-        weight = mismatch.pop("tis_weight")
-        if cfg.tis_cap is not None and not cfg.async_rollout:  # w·min(ρA, clip(ρ)A) = min(ρ·wA, clip(ρ)·wA), w >= 0
+        if weight is not None:  # w·min(ρA, clip(ρ)A) = min(ρ·wA, clip(ρ)·wA) for w >= 0: the truncated IS weight
             data["advantage"] = data["advantage"] * weight.unsqueeze(-1)
         t1 = time.perf_counter()
 
@@ -192,20 +187,16 @@ class Trainer:
         kl_per_seq = log_ratio.sum(1).mean().item()
         self.kl_ctl.update(kl_per_seq, data.batch_size[0])
         self.iteration_done += 1
-        mask = data["mask"]
-        tokens = int(mask.sum())
+        tokens = int(data["mask"].sum())
         self.env_steps += tokens
         self.episodes_done += data.batch_size[0]
         return {
             "iteration": self.iteration_done,
             "episodes": self.episodes_done,
             "env_steps": self.env_steps,
-            "rm_score": float(episodes["rm_score"].mean()),
-            "score": float(episodes["score_reward"].mean()),
-            "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
+            **_episode_means(episodes, data["mask"]),
             "kl": kl_per_seq,
             "kl_coef": beta,
-            "response_length": float(mask.float().sum(1).mean()),
             **advantage_stats,
             **mismatch,
             **stats,
@@ -215,6 +206,23 @@ class Trainer:
             "time_advantage": t1 - t0 - timing["seconds"],
             "time_update": t2 - t1,
         }
+
+    @torch.no_grad()
+    def _pi_old(self, data) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """Put log π_old, teacher-forced in the update's precision, in place of the sampler's log-probs.
+
+        Returns the truncated importance weights ``(B, T)`` (None without ``tis_cap``) and the gap's
+        statistics. With ``async_rollout`` π_old *is* the policy that sampled (one step behind): its
+        log-probs stay, no weights apply, and the gap reported says how far it lags.
+        """
+        sampled = data["sample_log_prob"]
+        old = self._old_logprobs(data)
+        stats = sampler_mismatch(old, sampled, data["mask"], self.cfg.tis_cap)
+        weight = stats.pop("tis_weight")
+        if self.cfg.async_rollout:
+            return None, {k: v for k, v in stats.items() if k.startswith("logprob_mismatch")}
+        data["sample_log_prob"] = old
+        return (weight if self.cfg.tis_cap is not None else None), stats
 
     def _collect(self, num_episodes: int | None, seed: int | None, timing: dict[str, float]):
         """The rollout's complete episodes, collected on rank 0 and handed to every rank of a torchrun learner.
@@ -552,6 +560,16 @@ class Trainer:
             self.pending = Rollout([], None, state["pending_beta"], 0.0, episodes, {"policy_seconds": 0.0})
 
 
+def _episode_means(episodes, mask: torch.Tensor) -> dict[str, float]:
+    """The rollout's mean RM score, score (standardised), gold score and response length."""
+    return {
+        "rm_score": float(episodes["rm_score"].mean()),
+        "score": float(episodes["score_reward"].mean()),
+        "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
+        "response_length": float(mask.float().sum(1).mean()),
+    }
+
+
 def make_policy(cfg: PPOConfig, base) -> torch.nn.Module:
     """The trainable policy over the env ``base``'s π_ref: a full copy, or LoRA adapters on π_ref itself."""
     lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
@@ -748,12 +766,17 @@ def _metrics_row(path: Path, n: int, line: str) -> dict[str, Any]:
     return row
 
 
+BEFORE_FIELDS = {"tis_cap": None}  # what a run saved before these fields existed did
+
+
 def check_resume_config(saved: dict[str, Any], cfg: PPOConfig) -> None:
     """Refuse a resume that changes what defines the run; warn about the allowed changes it applies.
 
-    A field the saved config lacks (added to ``PPOConfig`` after the run started) counts as its default.
+    A field the saved config lacks (added to ``PPOConfig`` after the run started) counts as its default,
+    but for those whose default changed what a run does (``BEFORE_FIELDS``): a run saved before
+    ``tis_cap`` existed trained without importance weights, so resuming it asks for ``--tis-cap none``.
     """
-    saved = {**field_defaults(), **saved}
+    saved = {**field_defaults(), **BEFORE_FIELDS, **saved}
     now = cfg.to_dict()
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
     refused = [k for k in changed if k not in RESUME_APPLIED + RESUME_FREE]
@@ -873,10 +896,11 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     """
     main = distributed.is_main()
     check_memory(cfg)  # before any model loads: a batch the machine cannot hold is refused with the estimate
-    history, cfg.threads = distributed.on_main(lambda: (_open_run_folder(out, cfg, overwrite), cfg.threads))
-    if cfg.threads is None:
-        cfg.threads = machine_threads()  # a new run: one thread per core, recorded in config.json
-    elif cfg.threads > machine_threads():
+    # rank 0 decides the thread count too (the resumed run's, else the default) and every rank takes it
+    history, cfg.threads = distributed.on_main(
+        lambda: (_open_run_folder(out, cfg, overwrite), cfg.threads or default_threads())
+    )
+    if cfg.threads > machine_threads():
         warnings.warn(f"threads={cfg.threads} is more than the {machine_threads()} cores this process may use: "
                       "the run's numbers are the same, its speed lower", stacklevel=3)  # fmt: skip
     trainer = Trainer.create(cfg)
@@ -957,18 +981,18 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     continued only with ``cfg.resume`` and replaced only with ``overwrite``; see
     :func:`check_resume_config` for what a resume may change. Started by torchrun, every rank
     trains (:mod:`.distributed`) and rank 0 alone locks the folder and writes to it. ``cfg.threads``
-    is filled in with the thread count the run uses; the caller's count is restored at the end.
+    is filled in with the thread count the run uses; the caller's thread count and deterministic mode
+    are given back however the run ends.
     """
     from tqdm.auto import tqdm
 
     from .reporting import make_reporter
 
-    threads_before = torch.get_num_threads()
     out = Path(cfg.out)
     joined = not distributed.initialized()
     distributed.init(resolve_device(cfg.device))
     main = distributed.is_main()
-    with _run_folder(out) if main else contextlib.nullcontext():
+    with _torch_settings_restored(), _run_folder(out) if main else contextlib.nullcontext():
         trainer, history = _start(out, cfg, overwrite)
         reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
         bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo",
@@ -986,8 +1010,18 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
             trainer.close()
             if joined:
                 distributed.leave()
-            torch.set_num_threads(threads_before)
     return history
+
+
+@contextlib.contextmanager
+def _torch_settings_restored():
+    """The caller's torch thread count and deterministic mode, given back when the run ends (or fails)."""
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
 
 
 def _record(out: Path, trainer: Trainer, reporter, bar, row: dict[str, float]) -> None:
