@@ -9,11 +9,7 @@ Importing the package registers ``TextRLHF-v0``::
     envs = gym.make_vec("TextRLHF-v0", num_envs=8, vectorization_mode="vector_entry_point")
 """
 
-from textgym.threads import configure_openmp
-
-configure_openmp()  # OpenMP threads sleep rather than spin at barriers: set before torch loads (textgym.threads)
-
-from gymnasium.envs.registration import register  # noqa: E402
+from gymnasium.envs.registration import register
 
 from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
 from textgym.models import ARITH_LM, ARITH_TRAIN  # noqa: E402

@@ -1,37 +1,19 @@
-"""torch's CPU threads: how many (a run setting, from the machine's cores) and how they wait.
+"""torch's CPU threads: how many, a run setting chosen from the machine's cores.
 
-Why a module of its own: two needs pull on the thread count. A run's numbers must not depend on
-how busy the machine is — yet torch's reductions and matmuls split their work by the thread count,
-so two thread counts give two rounding paths, and a count read off the momentary load made a
-seeded run differ from its own re-run (and a resume from the uninterrupted run). So the count is
-chosen from the cores this process may use (never their load), recorded with the run and reused.
-A busy core must not then make every parallel op wait: OpenMP's default lets a thread that reaches
-a barrier first spin for a long while, holding a core the late thread (sharing its core with
-another process) needs. ``OMP_WAIT_POLICY=PASSIVE`` makes waiting threads sleep instead; it is read
-once, when torch loads its OpenMP runtime, so it is set here, before ``textgym`` imports torch
-(``bench/threads_under_load.py`` measures both policies idle and beside a busy process).
+Why a module of its own: a run's numbers must not depend on how busy the machine is — yet torch's
+reductions and matmuls split their work by the thread count, so two thread counts give two
+rounding paths, and a count read off the momentary load made a seeded run differ from its own
+re-run (and a resume from the uninterrupted run). So the count is chosen from the cores this
+process may use (never their load), recorded with the run and reused. What a busy core then costs
+in time, and what OpenMP's wait policy changes about it, is measured by
+``bench/threads_under_load.py`` (docs/performance.md, "Threads").
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
-__all__ = ["configure_openmp", "default_threads", "machine_threads", "use_threads"]
-
-
-def configure_openmp() -> bool:
-    """Ask OpenMP for a passive wait policy unless the user chose one; returns whether it will apply.
-
-    It applies only when torch has not been imported yet (its OpenMP runtime reads the variable at
-    load time); otherwise nothing is set, so child processes inherit the user's environment as it
-    was. ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` set by the user are left as they are.
-    """
-    if "torch" in sys.modules:
-        return False
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+__all__ = ["default_threads", "machine_threads", "use_threads"]
 
 
 def machine_threads() -> int:

@@ -778,6 +778,8 @@ def check_resume_config(saved: dict[str, Any], cfg: PPOConfig) -> None:
     """
     saved = {**field_defaults(), **BEFORE_FIELDS, **saved}
     now = cfg.to_dict()
+    if now["threads"] is None:  # not given: the run's own (train() takes it before the models load)
+        now["threads"] = saved["threads"]
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k, "<unset>") != now.get(k, "<unset>"))
     refused = [k for k in changed if k not in RESUME_APPLIED + RESUME_FREE]
     if refused:
