@@ -4,6 +4,7 @@ presets, and the CLI's thread count."""
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -172,3 +173,46 @@ def test_threads_flag_and_the_default_from_the_cores_not_their_load(monkeypatch,
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     main(["info"])
     assert seen[-1] == 3 and capsys.readouterr().err == ""  # one per core of the CPU set, whatever their load
+
+
+def test_truncated_importance_weights_by_hand():
+    from textgym.agents.ppo.rollout import sampler_mismatch
+
+    old = torch.tensor([[0.0, math.log(3.0), 5.0]])  # log π_old
+    sampled = torch.tensor([[math.log(2.0), 0.0, 0.0]])  # log π_sampler: ratios 1/2 and 3, then padding
+    mask = torch.tensor([[True, True, False]])
+    out = sampler_mismatch(old, sampled, mask, cap=2.0)
+    torch.testing.assert_close(out["tis_weight"], torch.tensor([[0.5, 2.0, 0.0]]))  # capped at C, 0 on padding
+    assert out["logprob_mismatch_max"] == pytest.approx(math.log(3))
+    assert out["logprob_mismatch_mean"] == pytest.approx((math.log(2) + math.log(3)) / 2)
+    assert out["tis_weight_mean"] == pytest.approx(1.25) and out["tis_capped_fraction"] == 0.5
+    uncapped = sampler_mismatch(old, sampled, mask, cap=None)["tis_weight"]
+    torch.testing.assert_close(uncapped, torch.tensor([[1.0, 1.0, 0.0]]))  # None: reported, not applied
+    with pytest.raises(ValueError, match="must have one shape"):
+        sampler_mismatch(old, sampled[:, :2], mask, cap=2.0)
+
+
+def test_each_tokens_advantage_is_weighted_by_pi_old_over_pi_sampler(tmp_path):
+    """A sampler whose logits differ from the learner's: the update gets A·min(π_old/π_sampler, C), token by token."""
+    trainer = Trainer.create(tiny(tmp_path, precision="fp32", tis_cap=1.05))
+    noisy = copy.deepcopy(trainer.policy)
+    with torch.no_grad():
+        head = noisy.get_output_embeddings().weight
+        head.add_(0.05 * head.std() * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
+    trainer.sampler = LMSampler.for_env(noisy, trainer.envs, seed=0)
+    seen, advantages, update = {}, trainer._advantages, trainer._update
+
+    def spy_advantages(data, *args):
+        out = advantages(data, *args)
+        seen["before"] = data["advantage"].clone()
+        return out
+
+    trainer._advantages = spy_advantages
+    trainer._update = lambda data, beta: seen.setdefault("data", data) is None or update(data, beta)
+    row = trainer.iteration()
+    data, ep = seen["data"], trainer.last_episodes
+    mask = data["mask"]
+    sampled = ep["sample_log_prob"][:, : mask.shape[1]]
+    weight = (data["sample_log_prob"] - sampled).exp().clamp(max=1.05) * mask
+    torch.testing.assert_close(data["advantage"][..., 0], seen["before"][..., 0] * weight)
+    assert row["tis_capped_fraction"] > 0 and row["tis_weight_mean"] != 1.0
