@@ -11,13 +11,12 @@ from typing import Any
 
 from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
 
-from .rollout import GROUP_SCALES
-
 __all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
            "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip
 
 KL_PENALTIES = ("k1_reward", "k2_loss", "k3_loss")
 ALGOS = ("ppo", "grpo", "rloo")
+GROUP_SCALES = ("std", "none")  # grpo_scale: GRPO's score over the group's std, or only centred (Dr. GRPO)
 LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, after `warmup_iterations`
 # On resume: fields that may change and are applied from the resumed iteration on (the optimizer's
 # learning rates are set again after its state loads), and fields that do not touch the run's numbers.

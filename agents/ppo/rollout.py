@@ -12,6 +12,8 @@ from torchrl.objectives.value.functional import generalized_advantage_estimate
 
 from textgym.functional import masked_mean, masked_whiten
 
+from .config import GROUP_SCALES
+
 __all__ = [
     "compute_advantages",
     "explained_variance",
@@ -160,9 +162,6 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     var_ret = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
     var_err = masked_mean((returns - values - masked_mean(returns - values, mask)) ** 2, mask)
     return float(1 - var_err / var_ret.clamp(min=1e-8))
-
-
-GROUP_SCALES = ("std", "none")
 
 
 def group_advantages(
