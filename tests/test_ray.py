@@ -118,7 +118,6 @@ def test_async_rollout_samples_one_update_behind_and_resumes_exactly(full_run, t
         assert rows[0][key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
     # iteration 2 trains on episodes sampled before update 1: the recomputed log-probs lag the sampled ones
     assert rows[1]["logprob_mismatch_max"] > 100 * full_run[1]["logprob_mismatch_max"]
-    assert rows[1]["rm_score"] != full_run[1]["rm_score"]
     resumed = Trainer.create(cfg)
     try:
         resumed.load(tmp_path / "run" / "checkpoint")
