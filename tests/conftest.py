@@ -14,6 +14,22 @@ from textgym.policies import LMSampler  # noqa: E402
 torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def single():
+    """One env with a 3-token cap, shared by a module's error and fault tests."""
+    e = gym.make("TextRLHF-v0", max_new_tokens=3)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def vec():
+    """A native vector env of 2 slots with a 3-token cap, shared by a module's tests."""
+    e = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
+    yield e
+    e.close()
+
+
 @pytest.fixture
 def env():
     e = gym.make("TextRLHF-v0", max_new_tokens=12)

@@ -45,20 +45,6 @@ def test_float32_extremes_are_accepted():
     assert score_checked(_Returns([big, -big]), EPISODES).tolist() == [big, -big]
 
 
-@pytest.fixture(scope="module")
-def single():
-    e = gym.make("TextRLHF-v0", max_new_tokens=3)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def vec():
-    e = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
-    yield e
-    e.close()
-
-
 @pytest.mark.parametrize("options", [[1], "prompt", 3])
 def test_reset_options_that_are_not_a_dict_are_refused(single, vec, options):
     for env in (single, vec):

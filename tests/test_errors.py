@@ -18,20 +18,6 @@ from textgym.rewards import RewardModelError
 LONG_PROMPT = "The movie was " * 40
 
 
-@pytest.fixture(scope="module")
-def single():
-    e = gym.make("TextRLHF-v0", max_new_tokens=3)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
-def vec():
-    e = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", max_new_tokens=3)
-    yield e
-    e.close()
-
-
 def make_with_rm(fn):
     return gym.make("TextRLHF-v0", reward_model=fn, normalize_reward=False, max_new_tokens=3)
 
