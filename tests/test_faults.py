@@ -23,6 +23,7 @@ import torch
 from textgym.agents.ppo import PPOConfig, Trainer, train
 from textgym.agents.ppo.config import PRESETS
 from textgym.rewards import RewardModelError, register
+from textgym.rewards.registry import _REGISTRY
 
 RM_VALUE = {"value": 0.5}  # what the "test-switch" reward model returns; a test sets it beyond float32
 HANG = threading.Event()  # set: the "test-hang" reward model waits (up to 60 s) before returning
@@ -37,8 +38,15 @@ def _hanging_rm(prompts: list[str], responses: list[str]) -> list[float]:
     return [0.0] * len(responses)
 
 
-register("test-switch", lambda: _switch_rm)
-register("test-hang", lambda: _hanging_rm)
+@pytest.fixture(autouse=True, scope="module")
+def _test_reward_models():
+    """Register this module's two reward models while its tests run, and only then: the registry is
+    process-wide, and other modules' tests read its list of names (the unknown-name error message)."""
+    register("test-switch", lambda: _switch_rm)
+    register("test-hang", lambda: _hanging_rm)
+    yield
+    for name in ("test-switch", "test-hang"):
+        _REGISTRY.pop(name)
 
 
 def tiny(out, **changes) -> PPOConfig:
