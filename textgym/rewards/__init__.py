@@ -15,11 +15,11 @@ from textgym.rewards.builtin import (
     KeywordReward,
     LengthReward,
     VaderScorer,
-    WeightedSumReward,
 )
 from textgym.rewards.http import HTTPRewardModel
 from textgym.rewards.registry import ENTRY_POINT_GROUP, make_reward_model, register, registered_names
 from textgym.rewards.verifiers import ArithmeticVerifier  # registers "arithmetic"
+from textgym.rewards.weighted import WeightedSumReward
 
 __all__ = [
     "ArithmeticVerifier",
