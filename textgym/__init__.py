@@ -11,8 +11,8 @@ Importing the package registers ``TextRLHF-v0``::
 
 from gymnasium.envs.registration import register
 
+from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
 from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
-from textgym.models import ARITH_LM, ARITH_TRAIN  # noqa: E402
 
 __version__ = "0.1.0"
 

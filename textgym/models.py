@@ -1,8 +1,8 @@
 """Model and tokenizer loading, and the batched KV-cached decoder behind the environment.
 
-The embedded defaults live in ``textgym/assets`` as Hugging Face folders; any other causal LM
-folder or hub id (already in the local cache: nothing is downloaded at run time when
-``HF_HUB_OFFLINE=1``) can be given instead.
+The embedded defaults live in ``textgym/assets`` as Hugging Face folders (their paths in
+:mod:`textgym.assets`); any other causal LM folder or hub id (already in the local cache:
+nothing is downloaded at run time when ``HF_HUB_OFFLINE=1``) can be given instead.
 """
 
 from __future__ import annotations
@@ -18,27 +18,21 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+# The asset paths live in textgym.assets; re-exported here, where the agents, examples and tests import them.
+from textgym.assets import (
+    ARITH_EVAL,
+    ARITH_LM,
+    ARITH_PROXY_RM,
+    ARITH_TRAIN,
+    DEFAULT_LM,
+    DEFAULT_PROMPTS,
+    DEFAULT_RM,
+    EVAL_PROMPTS,
+    EVAL_PROMPTS_BY_ENV,
+    PROMPT_SETS,
+)
 from textgym.functional import position_ids_from_mask
 from textgym.named_models import resolve_named_model
-
-ASSETS = Path(__file__).parent / "assets"
-DEFAULT_LM = ASSETS / "lm"
-DEFAULT_RM = ASSETS / "rm"
-DEFAULT_PROMPTS = ASSETS / "data" / "prompts_train.txt"
-EVAL_PROMPTS = ASSETS / "data" / "prompts_eval.txt"
-ARITH_LM = ASSETS / "arith_lm"  # TextArithmetic-v0's π_ref (textgym.assets.build_arithmetic)
-# Its learned proxy of the verifier, reward_model="arithmetic-proxy" (textgym.assets.build_arith_proxy)
-ARITH_PROXY_RM = ASSETS / "arith_proxy_rm"
-ARITH_TRAIN = ASSETS / "data" / "arith_train.txt"
-ARITH_EVAL = ASSETS / "data" / "arith_eval.txt"
-# The held-out prompts each registered env is evaluated on (disjoint from its train prompts).
-EVAL_PROMPTS_BY_ENV = {"TextRLHF-v0": EVAL_PROMPTS, "TextArithmetic-v0": ARITH_EVAL}
-# Shipped prompt sets by name (``prompts="review-requests"``): the review openings as instructions to a
-# chat model ('Write a short movie review that begins with "The movie".'), train and eval splits.
-PROMPT_SETS = {
-    "review-requests": ASSETS / "data" / "review_requests_train.txt",
-    "review-requests-eval": ASSETS / "data" / "review_requests_eval.txt",
-}
 
 __all__ = [
     "CachedDecoder",

@@ -151,7 +151,7 @@ def correlations(scores: np.ndarray, labels: np.ndarray) -> dict[str, float]:
 
 def sample_labelled(cfg: ArithProxyBuild) -> list[dict]:
     """π_ref's episodes on the RL-train problems, ``gold_score`` being the verifier's 0/1 label."""
-    from textgym.models import ARITH_TRAIN
+    from textgym.assets import ARITH_TRAIN
     from textgym.rewards.calibrate import sample_episodes
 
     return sample_episodes(cfg.episodes, cfg.num_envs, cfg.seed, env_id=ENV_ID, prompts=str(ARITH_TRAIN),
@@ -180,7 +180,8 @@ def make_classifier():
     """π_ref's body and tokenizer with a zero scalar head: every text starts at logit 0 (probability 1/2)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from textgym.models import ARITH_LM, quiet_transformers
+    from textgym.assets import ARITH_LM
+    from textgym.models import quiet_transformers
 
     quiet_transformers()  # the head is missing from π_ref's folder by design: no load report about it
     tok = AutoTokenizer.from_pretrained(ARITH_LM)

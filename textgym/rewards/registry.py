@@ -27,6 +27,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from textgym.assets import DEFAULT_RM
 from textgym.rewards.base import RewardModel
 from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer
 from textgym.rewards.http import HTTPRewardModel, is_url
@@ -64,8 +65,6 @@ def register(name: str, factory: Callable[..., RewardModel] | None = None):
 
 
 def _default(**kwargs: Any) -> RewardModel:
-    from textgym.models import DEFAULT_RM
-
     return HFRewardModel(DEFAULT_RM, **kwargs)
 
 

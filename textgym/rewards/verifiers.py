@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from textgym.models import ARITH_PROXY_RM
+from textgym.assets import ARITH_PROXY_RM
 from textgym.rewards.base import Episodes
 from textgym.rewards.builtin import HFRewardModel
 from textgym.rewards.registry import register
