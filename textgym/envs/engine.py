@@ -1,0 +1,368 @@
+"""The engine behind TextRLHF-v0: π_ref's KV-cached forwards, the reward models and N episode slots.
+
+The single env is one slot of it, the native vector env N: each step is one batched, cached π_ref
+forward over every slot and one batched reward-model call for the episodes ending on it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+# Import the Llama classes the embedded models use now, not inside gym.make (≈3 s of imports).
+from transformers.models.llama import modeling_llama  # noqa: F401
+
+from textgym.envs.checks import (
+    check_chat_template,
+    check_int,
+    check_kl_coef,
+    check_nonnegative,
+    check_positions,
+    check_timeout,
+    check_vocabulary,
+    resolve_norm,
+    resolve_stop_ids,
+)
+from textgym.envs.prompts import load_prompts
+from textgym.models import CachedDecoder, left_pad, load_causal_lm, load_tokenizer, pad_id_for, resolve_device
+from textgym.rewards import Episodes, make_reward_model, score_checked
+from textgym.utils import short_repr
+
+__all__ = ["DEFAULT_KL_COEF", "Engine"]
+
+DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
+_IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
+
+
+def _fork_safe_threads() -> None:
+    """Run torch on one thread in a process forked after textgym was imported.
+
+    Why: GNU OpenMP's thread pool does not survive ``fork``. Once the parent has run a parallel torch
+    op, the child's first one waits forever for threads that exist only in the parent (Gymnasium's
+    ``AsyncVectorEnv`` forks by default). With one thread torch never enters an OpenMP region; it is
+    also what N worker processes on N cores want, and what torch's own DataLoader workers do.
+    """
+    if os.getpid() != _IMPORT_PID:
+        torch.set_num_threads(1)
+
+
+class Engine:
+    """Models, prompts and the episode state of N slots: what the single and vector env share.
+
+    Observation layout of a slot, length ``L = max_prompt_tokens + max_new_tokens``::
+
+        [PAD … PAD, prompt tokens][response tokens, PAD … PAD]
+        |<---- max_prompt_tokens ->|<------- max_new_tokens ----->|
+
+    The prompt is left-padded into the first block so that response token k always sits at
+    column ``max_prompt_tokens + k``; ``attention_mask`` marks the real tokens.
+    """
+
+    def __init__(
+        self,
+        num_slots: int,
+        model=None,
+        tokenizer=None,
+        reward_model=None,
+        gold_scorer="vader",
+        prompts=None,
+        prompt_column: str = "prompt",
+        max_prompt_tokens: int | None = None,
+        max_new_tokens: int = 32,
+        kl_coef: float = DEFAULT_KL_COEF,
+        normalize_reward: bool | tuple[float, float] | None = None,
+        missing_eos_penalty: float = 0.0,
+        action_mask_top_p: float | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        chat_template: bool = False,
+        device: str | torch.device | None = "cpu",
+        dtype: str | torch.dtype | None = None,
+        reward_timeout: float | None = None,
+    ):
+        _fork_safe_threads()
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+        if action_mask_top_p is not None and not (
+            isinstance(action_mask_top_p, (int, float)) and 0 < action_mask_top_p <= 1
+        ):
+            raise ValueError(f"action_mask_top_p={action_mask_top_p!r} must be a float in (0, 1] or None")
+        self.action_mask_top_p = action_mask_top_p
+        missing_eos_penalty = check_nonnegative("missing_eos_penalty", missing_eos_penalty)
+        if max_prompt_tokens is not None:
+            max_prompt_tokens = check_int("max_prompt_tokens", max_prompt_tokens, 1)
+        self.reward_timeout = check_timeout(reward_timeout)
+        self.device = resolve_device(device)
+        self.kl_coef = kl_coef
+        self.model = load_causal_lm(model, self.device, dtype, name="model")
+        # without tokenizer= the model's folder must hold one: the error then names model=
+        tok_arg = ("tokenizer", tokenizer) if tokenizer is not None else ("model", model)
+        self.tokenizer = load_tokenizer(tok_arg[1], name=tok_arg[0])
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        check_vocabulary(model, self.vocab_size, self.tokenizer)
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.stop_ids = resolve_stop_ids(self.model, self.tokenizer, stop_token_ids, self.vocab_size)
+        self.stop_array = np.array(sorted(self.stop_ids), dtype=np.int64)
+        self.pad_id = pad_id_for(self.tokenizer, self.stop_ids)
+        if self.tokenizer.pad_token_id is None:  # GPT-2 style: pad through the tokenizer with our PAD
+            self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
+        self.chat_template = check_chat_template(chat_template, self.tokenizer)
+        self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
+        self.prompts = load_prompts(prompts, prompt_column)
+        self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
+        self.max_new_tokens = max_new_tokens
+        self.seq_len = self.max_prompt_tokens + self.max_new_tokens
+        self._check_prompt_room(max_new_tokens)
+        check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
+        self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
+        if getattr(self.reward_model, "shares_tokenizer", False) and hasattr(self.reward_model, "model"):
+            # it scores prompt + response + the EOS closing a length-capped response
+            check_positions("reward_model", self.reward_model.model, self.seq_len + 1, self.max_prompt_tokens,
+                             max_new_tokens)  # fmt: skip
+        self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
+        self.norm = resolve_norm(normalize_reward, self.reward_model, max_new_tokens)
+        self.missing_eos_penalty = missing_eos_penalty
+
+        self.num_slots = num_slots
+        n, L = num_slots, self.seq_len
+        self.decoder = CachedDecoder(self.model, n, L)
+        self.input_ids = np.full((n, L), self.pad_id, dtype=np.int64)
+        self.attention_mask = np.zeros((n, L), dtype=np.int64)
+        self.length = np.zeros(n, dtype=np.int64)  # response tokens so far
+        self.started = np.zeros(n, dtype=bool)
+        self.done = np.zeros(n, dtype=bool)
+        self.prompt_text: list[str] = [""] * n
+        # π_ref's next-token logits and their log-sum-exp: log π_ref(a|s_t) = logit[a] − lse, one gather
+        self.next_logits = torch.zeros(n, self.vocab_size, device=self.device)  # (N, V)
+        self.next_lse = torch.zeros(n, device=self.device)  # (N,)
+
+    def _bind(self, rm):
+        if hasattr(rm, "bind"):
+            rm.bind(self.tokenizer)
+        return rm
+
+    def _prompt_block(self, max_prompt_tokens: int | None) -> int:
+        """The prompt block's width: the longest prompt of the set, or the width given if every prompt fits."""
+        encoded = [self.encode_prompt(p) for p in self.prompts]
+        longest = max(len(e) for e in encoded)
+        width = longest if max_prompt_tokens is None else max_prompt_tokens
+        i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
+        self.longest_prompt = (i, longest)  # named by _check_prompt_room
+        if longest > width:
+            raise ValueError(
+                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens, more than "
+                f"max_prompt_tokens={width}; prompts are never truncated"
+            )
+        return width
+
+    def _check_prompt_room(self, max_new_tokens: int) -> None:
+        """Refuse a prompt that leaves no room for the response in the model's positions, naming the prompt.
+
+        Why here and not in :func:`~textgym.envs.checks.check_positions` alone: when the longest prompt
+        fills every position, that check's bound on max_new_tokens is negative and points at the wrong
+        argument.
+        """
+        limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+        i, longest = self.longest_prompt
+        if isinstance(limit, int) and longest >= limit:  # not even one response token fits
+            raise ValueError(
+                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens; model has {limit} positions, so "
+                f"with max_new_tokens={max_new_tokens} a prompt may be at most {limit - max_new_tokens} tokens "
+                "(prompts are never truncated)"
+            )
+
+    @property
+    def kl_coef(self) -> float:
+        return self._kl_coef
+
+    @kl_coef.setter
+    def kl_coef(self, value: float) -> None:
+        self._kl_coef = check_kl_coef(value)
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids fed to π_ref: the tokenizer's encoding; BOS alone for an empty prompt.
+
+        With ``chat_template`` the prompt is the user turn of the tokenizer's chat template,
+        followed by the assistant's generation prompt (the template writes its own special tokens).
+        Special-token text in a prompt (``"The <pad> movie"``) is encoded as text, never as the
+        special token: a prompt must not put a PAD or EOS id under mask 1.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt={short_repr(prompt)} is not a str; give a str (the empty prompt starts from BOS)")
+        if self.chat_template:
+            # tokenized with add_special_tokens=False (the template writes them); the user's text stays text
+            return self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=False,
+                sanitize_control_tokens=True,
+            )  # fmt: skip
+        ids = self.tokenizer(prompt, split_special_tokens=True)["input_ids"] if prompt else []
+        return ids if ids else [self.bos_id]
+
+    def observation(self, slots) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids[slots].copy(), "attention_mask": self.attention_mask[slots].copy()}
+
+    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+        """Token ids of ``prompts``, each checked to fit in ``max_prompt_tokens`` (never truncated).
+
+        Raises:
+            TypeError: a prompt is not a str.
+            ValueError: a prompt is longer than ``max_prompt_tokens``.
+        """
+        encoded = [self.encode_prompt(p) for p in prompts]
+        for p, ids in zip(prompts, encoded, strict=True):
+            if len(ids) > self.max_prompt_tokens:
+                raise ValueError(
+                    f"prompt={short_repr(p)} is {len(ids)} tokens, more than "
+                    f"max_prompt_tokens={self.max_prompt_tokens}; prompts are never truncated: give a shorter one "
+                    "or build the env with a larger max_prompt_tokens"
+                )
+        return encoded
+
+    def start(self, slots: list[int], prompts: list[str], encoded: list[list[int]] | None = None) -> None:
+        """Begin episodes on ``slots``: write the prompts and prefill π_ref's cache with them.
+
+        ``encoded`` is ``encode_prompts(prompts)`` when the caller has already checked them.
+        Every check runs before any state changes: a refused start leaves the slots as they were.
+        """
+        if encoded is None:
+            encoded = self.encode_prompts(prompts)
+        P = self.max_prompt_tokens
+        block_ids, block_mask = left_pad(self.tokenizer, encoded, P, "np", self.pad_id)  # (k, P)
+        self.input_ids[slots] = self.pad_id
+        self.attention_mask[slots] = 0
+        self.input_ids[slots, :P], self.attention_mask[slots, :P] = block_ids, block_mask
+        for row, slot in enumerate(slots):
+            self.prompt_text[slot] = prompts[row]
+        width = max(len(e) for e in encoded)  # π_ref prefills only the columns some prompt uses
+        slot_t = torch.as_tensor(slots, device=self.device)
+        logits = self.decoder.prefill(
+            slot_t,
+            torch.as_tensor(block_ids[:, P - width :], device=self.device),
+            torch.as_tensor(block_mask[:, P - width :], device=self.device),
+        )
+        self._set_next(slot_t, logits)
+        self.length[slots] = 0
+        self.started[slots] = True
+        self.done[slots] = False
+
+    def _set_next(self, rows: torch.Tensor | slice, logits: torch.Tensor) -> None:
+        logits = logits[:, : self.vocab_size]  # some checkpoints pad the LM head beyond the vocabulary
+        if isinstance(rows, slice):
+            self.next_logits, self.next_lse = logits, torch.logsumexp(logits, dim=-1)
+        else:
+            self.next_logits[rows] = logits
+            self.next_lse[rows] = torch.logsumexp(logits, dim=-1)
+
+    def prompt_ids(self, slot: int) -> list[int]:
+        """The prompt's token ids as fed to π_ref (read back from the observation, not re-tokenised)."""
+        P = self.max_prompt_tokens
+        return self.input_ids[slot, :P][self.attention_mask[slot, :P] == 1].tolist()
+
+    def response_ids(self, slot: int) -> list[int]:
+        P = self.max_prompt_tokens
+        return self.input_ids[slot, P : P + self.length[slot]].tolist()
+
+    def response_text(self, slot: int) -> str:
+        ids = [t for t in self.response_ids(slot) if t not in self.stop_ids]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def advance(self, actions: np.ndarray, live: np.ndarray) -> dict[str, Any]:
+        """Apply ``actions`` to the ``live`` slots; one batched π_ref forward, one batched RM call.
+
+        Returns a dict of (N,) arrays: reward, terminated, truncated, ref_logprob; and ``final``,
+        a {slot: info} dict for the episodes that ended on this step.
+        """
+        n = len(actions)
+        idx = np.flatnonzero(live)
+        acts = torch.as_tensor(actions, device=self.device)
+        ref_lp = np.zeros(n, dtype=np.float64)
+        idx_t = torch.as_tensor(idx, device=self.device)
+        ref_lp[idx] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
+        col = self.max_prompt_tokens + self.length[idx]
+        self.input_ids[idx, col] = actions[idx]
+        self.attention_mask[idx, col] = 1
+        self.length[idx] += 1
+        # The length cap is a terminal state of this MDP, not an outside time limit: the observation
+        # encodes the step and the score is paid there. `truncated` would make SB3 & co. bootstrap
+        # γ·V(s_T) on top of the score. `truncated` stays False: it is for users' TimeLimit wrappers.
+        stopped = np.zeros(n, dtype=bool)
+        capped = np.zeros(n, dtype=bool)
+        stopped[idx] = np.isin(actions[idx], self.stop_array)
+        capped[idx] = ~stopped[idx] & (self.length[idx] >= self.max_new_tokens)
+        ended = stopped | capped
+        done_before = self.done.copy()
+        self.done |= ended
+        reward = self.kl_coef * ref_lp
+        try:
+            final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
+            if (live & ~ended).any():
+                feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
+                self._set_next(slice(None), self.decoder.step(feed))  # restores its cache if it raises
+        except BaseException:
+            # Any failure, KeyboardInterrupt and a reward timeout included, leaves no half-applied step:
+            # the token is undone so the step can be retried, and no slot is left done without its info.
+            self.length[idx] -= 1
+            self.input_ids[idx, col] = self.pad_id
+            self.attention_mask[idx, col] = 0
+            self.done = done_before
+            raise
+        return {
+            "reward": reward,
+            "terminated": ended,
+            "truncated": np.zeros(n, dtype=bool),
+            "ref_logprob": ref_lp,
+            "final": final,
+        }
+
+    def _finish(self, slots: np.ndarray, capped: np.ndarray, reward: np.ndarray) -> dict[int, dict]:
+        """Score the episodes ending now (one batched call per scorer) and add the end reward."""
+        episodes = Episodes(
+            prompts=[self.prompt_text[s] for s in slots],
+            responses=[self.response_text(s) for s in slots],
+            prompt_ids=[self.prompt_ids(s) for s in slots],
+            response_ids=[self.response_ids(s) for s in slots],
+        )
+        named = [int(s) for s in slots] if self.num_slots > 1 else None  # errors name the slot, not the batch row
+        rm = score_checked(self.reward_model, episodes, slots=named, timeout=self.reward_timeout)
+        if self.gold_scorer is not None:
+            gold = score_checked(self.gold_scorer, episodes, slots=named, timeout=self.reward_timeout)
+        else:
+            gold = np.full(len(slots), np.nan)
+        score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
+        final = {}
+        for k, s in enumerate(slots):
+            penalty = self.missing_eos_penalty if capped[s] else 0.0
+            reward[s] += score[k] - penalty
+            # numpy scalars: TorchRL's info readers need a dtype (a float64 is also a Python float)
+            final[int(s)] = {
+                "rm_score": np.float64(rm[k]),
+                "score_reward": np.float64(score[k]),
+                "eos_penalty": np.float64(-penalty),
+                "gold_score": np.float64(gold[k]),
+                "prompt": episodes.prompts[k],
+                "response": episodes.responses[k],
+                "response_length": np.int64(self.length[s]),
+                "length_capped": np.bool_(capped[s]),
+            }
+        return final
+
+    def action_masks(self) -> np.ndarray:
+        """``(N, V)`` bool: π_ref's top-p tokens at each slot's state (all True without ``action_mask_top_p``).
+
+        The NLPO idea of RL4LMs (Ramamurthy et al., 2023): restrict the policy to tokens the
+        reference model finds plausible. The smallest set whose π_ref mass reaches p is kept.
+        """
+        n = self.next_logits.shape[0]
+        if self.action_mask_top_p is None:
+            return np.ones((n, self.vocab_size), dtype=bool)
+        probs = torch.softmax(self.next_logits, dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above
+        keep_sorted = before < self.action_mask_top_p  # the top token is always kept
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        return keep.cpu().numpy()
+
+    def render(self, slot: int) -> str:
+        return self.prompt_text[slot] + self.response_text(slot)
