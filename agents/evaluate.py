@@ -14,13 +14,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 import textgym  # noqa: F401
 from textgym.envs import load_prompts
-from textgym.episodes import collect_episodes
+from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
 from textgym.rewards import registered_names
@@ -179,8 +178,7 @@ def evaluate(
     eval_prompts = run.pop("eval_prompts", None) or str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS))
     env_kwargs = {"prompts": eval_prompts, **run, **env_kwargs}
     num_envs = min(num_envs, episodes)
-    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        autoreset_mode="disabled", device=device, **env_kwargs)  # fmt: skip
+    envs = make_episode_envs(env_id, num_envs, device=device, **env_kwargs)
     base = envs.unwrapped
     sampler = _policy(envs, policy, policy_factory, seed, temperature, device, **sampling)
     prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import gymnasium as gym
 import torch
 
 import textgym  # noqa: F401
-from textgym.episodes import collect_episodes
+from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.functional import gather_logprobs, masked_mean
 from textgym.policies import LMSampler
 
@@ -54,8 +53,7 @@ class Reinforce:
     @classmethod
     def create(cls, env_kwargs: dict, num_envs: int, seed: int, lr: float = 1e-4, critic_lr: float = 1e-3,
                env_id: str = "TextRLHF-v0"):  # fmt: skip
-        envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                            autoreset_mode="disabled", **env_kwargs)  # fmt: skip
+        envs = make_episode_envs(env_id, num_envs, **env_kwargs)
         torch.manual_seed(seed)
         policy = make_actor(envs.unwrapped.model)
         critic = make_critic(envs.unwrapped.reward_model, policy)

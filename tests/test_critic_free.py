@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from textgym.agents.ppo import PPOConfig, Trainer, train
-from textgym.agents.ppo import trainer as trainer_module
+from textgym.agents.ppo import PPOConfig, Trainer, algorithms, sources, train
 from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.rollout import group_advantages
 
@@ -107,8 +106,8 @@ def test_group_advantage_arguments_are_checked():
 def test_the_trainer_gives_groups_the_env_score_and_the_k1_return(tmp_path, monkeypatch):
     """What the trainer hands group_advantages: the env's exact scores and Σ_t log π_old/π_ref, β unscaled."""
     seen = {}
-    real = trainer_module.group_advantages
-    monkeypatch.setattr(trainer_module, "group_advantages",
+    real = algorithms.group_advantages
+    monkeypatch.setattr(algorithms, "group_advantages",
                         lambda *a, **kw: seen.setdefault("args", a) is not None and real(*a, **kw))  # fmt: skip
     t = Trainer.create(PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), "algo": "grpo",
                                     "group_size": 4, "precision": "fp32"}))  # fmt: skip
@@ -132,8 +131,8 @@ def test_config_checks_the_groups():
 @pytest.mark.parametrize("algo", ["grpo", "rloo"])
 def test_a_group_is_g_episodes_on_one_prompt_and_there_is_no_critic(tmp_path, monkeypatch, algo):
     seen = []
-    real = trainer_module.collect_episodes
-    monkeypatch.setattr(trainer_module, "collect_episodes", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    real = sources.collect_episodes
+    monkeypatch.setattr(sources, "collect_episodes", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
     cfg = PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), "algo": algo, "group_size": 4})
     t = Trainer.create(cfg)
     assert t.critic is None and len(t.optimizer.param_groups) == 1

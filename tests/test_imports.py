@@ -29,12 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # the import name of each source folder (pyproject.toml's package-dir: agents/ installs as textgym.agents)
 SOURCES = {"textgym": ROOT / "textgym", "textgym.agents": ROOT / "agents"}
 
-# Cycles allowed for now, each a frozenset of the modules of one strongly connected component.
-KNOWN_CYCLES = {
-    # agents/ppo is being refactored; remove when gone.
-    frozenset({"textgym.agents.ppo.ray_rollout", "textgym.agents.ppo.trainer"}),
-}
-
 
 def module_files(sources: dict[str, Path]) -> dict[str, Path]:
     """Every ``.py`` file of the source folders by its module name (``pkg/__init__.py`` is ``pkg``)."""
@@ -164,7 +158,7 @@ def _describe(component: frozenset[str], graph: dict[str, set[str]]) -> str:
 def test_no_import_cycle():
     graph = import_graph(SOURCES)
     assert "textgym.envs.text_rlhf" in graph and "textgym.agents.ppo.trainer" in graph  # both folders were read
-    new = [c for c in cycles(graph) if c not in KNOWN_CYCLES]
+    new = cycles(graph)
     assert not new, "import cycles (function-level imports count):\n" + "\n".join(_describe(c, graph) for c in new)
 
 

@@ -88,12 +88,12 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_no_episode_is_lost(full_run
         # the layout of K = 0: the same columns, and slot s seeded with seed + s (the same prompts)
         assert set(first) == set(in_process)
         assert list(t.last_episodes["prompt"]) == list(local.last_episodes["prompt"])
-        pid = ray.get(t.pool.workers[1].pid.remote())
+        pid = ray.get(t.rollouts.pool.workers[1].pid.remote())
         os.kill(pid, signal.SIGSTOP)  # frozen: its share cannot finish before the kill
         threading.Timer(1.0, os.kill, (pid, signal.SIGKILL)).start()
         with pytest.warns(UserWarning, match="rollout worker 1 died"):
             second = t.iteration()
-        assert t.pool.replaced == 1 and ray.get(t.pool.workers[1].pid.remote()) != pid
+        assert t.rollouts.pool.replaced == 1 and ray.get(t.rollouts.pool.workers[1].pid.remote()) != pid
     finally:
         t.close()
         local.close()

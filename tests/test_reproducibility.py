@@ -96,7 +96,7 @@ def test_omp_num_threads_set_by_the_user_is_the_default_and_deterministic_mode_i
 
 
 def test_a_run_saved_before_tis_cap_existed_resumes_only_without_weights():
-    from textgym.agents.ppo.trainer import check_resume_config
+    from textgym.agents.ppo.run_folder import check_resume_config
 
     saved = {k: v for k, v in _tiny_dict().items() if k != "tis_cap"}
     with pytest.raises(ValueError, match=r"tis_cap: None -> 2.0"):

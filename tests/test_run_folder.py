@@ -98,7 +98,8 @@ def test_resume_refuses_changes_that_define_the_run(run):
 
 
 def test_resume_applies_new_learning_rates_and_says_so(trainer, done_run):
-    from textgym.agents.ppo.trainer import check_resume_config, read_state
+    from textgym.agents.ppo.checkpoint import read_state
+    from textgym.agents.ppo.run_folder import check_resume_config
 
     with pytest.warns(UserWarning, match=r"resume: learning_rate changes from 0.0001 to 0.0003 \(applied\)"):
         check_resume_config(read_state(done_run / "checkpoint")["config"], trainer.cfg)

@@ -62,7 +62,7 @@ def test_an_update_on_trimmed_minibatches_gives_the_same_weights(tmp_path):
         data = sequence_batch(t.last_episodes)
         data["sample_log_prob"] = t._old_logprobs(data)
         data["reward"] = data["env_reward"]
-        t._advantages(data, t.last_episodes, torch.zeros_like(data["reward"]), 0.0)  # PPO: GAE over the critic
+        t.estimator.advantages(data, t.last_episodes, torch.zeros_like(data["reward"]), 0.0, t.autocast)  # PPO: GAE
         data["mask"][:, 4:] = False
         mb = trim_columns(data, t.envs.unwrapped.max_prompt_tokens) if trim else data
         t._minibatch_step(mb, 0.05)
@@ -101,7 +101,7 @@ def test_the_loss_builds_no_entropy_graph_yet_entropy_is_reported(tmp_path):
     data = sequence_batch(t.last_episodes)
     data["sample_log_prob"] = data["sample_log_prob"].clone()
     data["reward"] = data["env_reward"]
-    t._advantages(data, t.last_episodes, torch.zeros_like(data["reward"]), 0.0)  # PPO: GAE over the critic
+    t.estimator.advantages(data, t.last_episodes, torch.zeros_like(data["reward"]), 0.0, t.autocast)  # PPO: GAE
     assert "loss_entropy" not in t.loss(data).keys()
 
 

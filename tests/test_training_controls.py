@@ -200,14 +200,14 @@ def test_each_tokens_advantage_is_weighted_by_pi_old_over_pi_sampler(tmp_path):
         head = noisy.get_output_embeddings().weight
         head.add_(0.05 * head.std() * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
     trainer.sampler = LMSampler.for_env(noisy, trainer.envs, seed=0)
-    seen, advantages, update = {}, trainer._advantages, trainer._update
+    seen, advantages, update = {}, trainer.estimator.advantages, trainer._update
 
     def spy_advantages(data, *args):
         out = advantages(data, *args)
         seen["before"] = data["advantage"].clone()
         return out
 
-    trainer._advantages = spy_advantages
+    trainer.estimator.advantages = spy_advantages
     trainer._update = lambda data, beta: seen.setdefault("data", data) is None or update(data, beta)
     row = trainer.iteration()
     data, ep = seen["data"], trainer.last_episodes

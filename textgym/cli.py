@@ -120,15 +120,13 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def cmd_play(args: argparse.Namespace) -> None:
-    import gymnasium as gym
     import torch
 
     import textgym  # noqa: F401
-    from textgym.episodes import collect_episodes
+    from textgym.episodes import collect_episodes, make_episode_envs
     from textgym.policies import LMSampler
 
-    envs = gym.make_vec("TextRLHF-v0", num_envs=1, vectorization_mode="vector_entry_point",
-                        autoreset_mode="disabled", **_env_kwargs(args))  # fmt: skip
+    envs = make_episode_envs("TextRLHF-v0", 1, **_env_kwargs(args))
     policy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=args.temperature,
                                generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     normalised = envs.unwrapped._engine.norm is not None

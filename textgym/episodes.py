@@ -21,11 +21,26 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import NonTensorStack, TensorDict
 
-__all__ = ["collect_episodes", "FINAL_INFO_KEYS"]
+__all__ = ["FINAL_INFO_KEYS", "collect_episodes", "make_episode_envs"]
 
 # Per-episode results copied from the env's last-step info, with their dtypes.
 FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
                    "gold_score": np.float64, "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
+
+
+def make_episode_envs(env_id: str = "TextRLHF-v0", num_envs: int = 1, **env_kwargs):
+    """The native vector env :func:`collect_episodes` drives: ``num_envs`` slots, autoreset disabled.
+
+    ``gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
+    **env_kwargs)``: the one place that setup is written (the trainer, its Ray workers, evaluation,
+    calibration, REINFORCE and ``textgym play`` build their envs here).
+    """
+    import gymnasium as gym
+
+    import textgym  # noqa: F401  (registers the env ids)
+
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
+                        **env_kwargs)  # fmt: skip
 
 
 def _as_numpy(x: Any) -> np.ndarray:

@@ -8,7 +8,7 @@ from importlib import import_module
 
 __all__ = ["PPOConfig", "Trainer", "train"]
 
-_WHERE = {"PPOConfig": ".config", "Trainer": ".trainer", "train": ".trainer"}
+_WHERE = {"PPOConfig": ".config", "Trainer": ".trainer", "train": ".run"}
 
 
 def __getattr__(name: str):

@@ -22,9 +22,12 @@ from torch import nn
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
+from textgym.episodes import make_episode_envs
 from textgym.functional import position_ids_from_mask, unpack_mask
 from textgym.models import quiet_peft, use_fp32_attention
 from textgym.policies import restrict_logits
+
+from .config import PPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +36,10 @@ __all__ = [
     "TokenValues",
     "make_actor",
     "make_critic",
+    "make_envs",
     "make_lora_actor",
     "make_loss",
+    "make_policy",
     "ppo_diagnostics",
     "trainable",
 ]
@@ -85,6 +90,17 @@ class TokenValues(nn.Module):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
         # state s_t ends at column P - 1 + t, like the logits of token t
         return out.logits[:, self.prompt_len - 1 : -1].float()  # (B, T, 1)
+
+
+def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict | None = None):
+    """The episode env of ``cfg`` with ``num_envs`` slots (the learner's, or a rollout worker's share)."""
+    return make_episode_envs(cfg.env_id, num_envs, device=device, **{**cfg.env_kwargs(), **(env_overrides or {})})
+
+
+def make_policy(cfg: PPOConfig, base) -> nn.Module:
+    """The trainable policy over the env ``base``'s π_ref: a full copy, or LoRA adapters on π_ref itself."""
+    lora = (cfg.lora_rank, cfg.lora_alpha) if cfg.lora_rank else None
+    return make_lora_actor(base.model, *lora, base) if lora else make_actor(base.model)
 
 
 def make_actor(ref_model: nn.Module) -> nn.Module:

@@ -32,10 +32,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from .checkpoint import expected_weights, fill_tied, load_weights
 from .config import PPOConfig
+from .models import make_envs, make_policy
 
-__all__ = ["Rollout", "RolloutPool", "RolloutWorker", "episodes_from_state", "episodes_to_state", "pack_weights",
-           "slot_shares", "unpack_weights", "worker_seed"]  # fmt: skip
+__all__ = ["AsyncRayRollouts", "RayRollouts", "Rollout", "RolloutPool", "RolloutWorker", "episodes_from_state",
+           "episodes_to_state", "pack_weights", "slot_shares", "unpack_weights", "worker_seed"]  # fmt: skip
 
 MAX_REPLACEMENTS = 3  # per worker and iteration: a worker that keeps dying is a bug to report, not to retry
 
@@ -58,10 +60,8 @@ def pack_weights(model: torch.nn.Module) -> dict[str, Any]:
     Only what trains travels: a LoRA policy's adapters, else every weight once (a tied embedding
     and head are one tensor, sent once). bf16 tensors travel as their int16 bits.
     """
-    from .trainer import _expected_weights
-
     arrays, dtypes, seen = {}, {}, set()
-    for key, tensor in _expected_weights(model).items():
+    for key, tensor in expected_weights(model).items():
         if tensor.data_ptr() in seen:  # tied: the worker's own tie fills it
             continue
         seen.add(tensor.data_ptr())
@@ -74,21 +74,19 @@ def pack_weights(model: torch.nn.Module) -> dict[str, Any]:
 
 def unpack_weights(model: torch.nn.Module, packed: dict[str, Any]) -> None:
     """Load :func:`pack_weights`' output into ``model`` (the same architecture); strict about every key."""
-    from .trainer import _expected_weights, _fill_tied, _load_weights
-
     weights = {}
     with warnings.catch_warnings():  # the object store's memory is read-only: load_state_dict copies from it
         warnings.filterwarnings("ignore", message=".*not writable.*")
         for key, array in packed["arrays"].items():
             tensor = torch.from_numpy(array)
             weights[key] = tensor.view(torch.bfloat16) if packed["dtypes"].get(key) == "bfloat16" else tensor
-    expected = _expected_weights(model)
-    _fill_tied(model, weights)
+    expected = expected_weights(model)
+    fill_tied(model, weights)
     missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
     if missing or unexpected:
         raise ValueError(f"policy weights do not fit the worker's policy: missing {sorted(missing)[:4]}, "
                          f"unexpected {sorted(unexpected)[:4]}")  # fmt: skip
-    _load_weights(model, weights)
+    load_weights(model, weights)
 
 
 def episodes_to_state(episodes: TensorDict) -> dict[str, Any]:
@@ -125,8 +123,6 @@ class RolloutWorker:
                  bf16: bool):  # fmt: skip
         from textgym.models import resolve_device
         from textgym.policies import LMSampler
-
-        from .trainer import make_envs, make_policy
 
         cfg = PPOConfig(**config)
         device = resolve_device(cfg.device)
@@ -337,3 +333,92 @@ class RolloutPool:
         self.workers = []
         if self.owns_ray:
             self.ray.shutdown()
+
+
+# ---------------------------------------------------------------------- the rollout sources (see .sources)
+class RayRollouts:
+    """Each rollout on the pool's workers with the current weights and β; the learner waits for it."""
+
+    def __init__(self, pool: RolloutPool, cfg: PPOConfig):
+        self.pool, self.cfg = pool, cfg
+
+    def collect(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None, draw,
+                timing: dict[str, float]) -> TensorDict:  # fmt: skip
+        rollout = self._launch(policy, beta, num_episodes, seed, draw)
+        episodes = self.pool.gather(rollout)
+        timing.update(rollout.timing)
+        return episodes
+
+    def _launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None,
+                draw) -> Rollout:  # fmt: skip
+        """Start the workers on a rollout with ``policy``'s weights and β (GRPO/RLOO: the learner's prompts)."""
+        prompts, seed = draw(num_episodes or self.cfg.num_envs, seed)
+        return self.pool.launch(policy, beta, num_episodes, prompts, seed)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The RNG states the workers' next shares start from (JSON: the slots'; tensors: the samplers')."""
+        env_states, sampler_states = self.pool.state()
+        return {"worker_env_rng": env_states}, {"worker_sampler_rng": sampler_states}
+
+    def load_state(self, ckpt, state: dict[str, Any], tensors: dict[str, Any]) -> None:
+        """The workers' RNG states from ``ckpt``'s ``state``/``tensors`` (see :meth:`state`)."""
+        if "worker_env_rng" not in state or "worker_sampler_rng" not in tensors:
+            raise ValueError(f"checkpoint {ckpt} holds no rollout-worker RNG states (saved with num_workers=0); "
+                             f"this run has num_workers={self.cfg.num_workers}")  # fmt: skip
+        self.pool.load_state(state["worker_env_rng"], tensors["worker_sampler_rng"])
+
+    def close(self) -> None:
+        """End the workers (and the local Ray cluster the pool started)."""
+        self.pool.close()
+
+
+class AsyncRayRollouts(RayRollouts):
+    """One-step asynchronous rollouts: each iteration trains on the episodes the workers collected during the
+    last update (with the last iteration's weights); its own weights start the next rollout at once."""
+
+    def __init__(self, pool: RolloutPool, cfg: PPOConfig):
+        super().__init__(pool, cfg)
+        self.pending: Rollout | None = None  # the next iteration's rollout, collecting while this one updates
+        self.launched = 0  # rollouts started (the last iteration starts none ahead)
+
+    def collect(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None, draw,
+                timing: dict[str, float]) -> TensorDict:  # fmt: skip
+        """The rollout collected ahead (the first one now), its env rewards brought to β; the next one started.
+
+        Raises:
+            ValueError: ``num_episodes`` is not the whole batch (the next rollout is sized before it is asked for).
+        """
+        if num_episodes not in (None, self.cfg.num_envs):
+            raise ValueError(f"num_episodes={num_episodes} with async_rollout=True: the rollout collected ahead is "
+                             f"num_envs={self.cfg.num_envs} episodes; pass None or turn async_rollout off")  # fmt: skip
+        start = time.perf_counter()
+        rollout = self.pending if self.pending is not None else self._launch(policy, beta, None, seed, draw)
+        self.pending = None
+        episodes = self.pool.gather(rollout)  # waits only for what the last update did not cover
+        # the env paid β_then·log π_ref per token; the reward contract r_t = β·log π_ref (+ score) at this β:
+        episodes["env_reward"] = episodes["env_reward"] + (beta - rollout.beta) * episodes["ref_logprob"]
+        self.launched += 1
+        if self.launched < self.cfg.num_iterations:
+            self.pending = self._launch(policy, beta, None, None, draw)
+        timing.update(seconds=time.perf_counter() - start, policy_seconds=rollout.timing["policy_seconds"])
+        return episodes
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """As :meth:`RayRollouts.state`, with the rollout already collected for the next iteration and its β."""
+        if self.pending is None:
+            return super().state()
+        pending = episodes_to_state(self.pool.gather(self.pending))  # first: the workers' RNG states are after it
+        json_state, tensors = super().state()
+        return {**json_state, "pending_beta": self.pending.beta}, {**tensors, "pending_episodes": pending}
+
+    def load_state(self, ckpt, state: dict[str, Any], tensors: dict[str, Any]) -> None:
+        super().load_state(ckpt, state, tensors)
+        self.launched = state["iteration"]
+        self.pending = None
+        if "pending_episodes" in tensors:
+            episodes = episodes_from_state(tensors["pending_episodes"])
+            self.pending = Rollout([], None, state["pending_beta"], 0.0, episodes, {"policy_seconds": 0.0})
+
+    def close(self) -> None:
+        self.pending = None
+        super().close()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import torch
 
-from textgym.episodes import collect_episodes
+from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.policies import LMSampler
 
 __all__ = ["calibrate", "raw_envs", "sample_episodes"]
@@ -14,8 +13,7 @@ __all__ = ["calibrate", "raw_envs", "sample_episodes"]
 
 def raw_envs(num_envs: int = 64, env_id: str = "TextRLHF-v0", **env_kwargs):
     """The native vector env of ``env_kwargs`` paying the raw RM score (what calibration samples in)."""
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point",
-                        autoreset_mode="disabled", **{**env_kwargs, "normalize_reward": False})  # fmt: skip
+    return make_episode_envs(env_id, num_envs, **{**env_kwargs, "normalize_reward": False})
 
 
 @torch.no_grad()
