@@ -248,6 +248,25 @@ def test_train_help_gives_every_fields_whole_docstring_entry():
     assert helps["learning_rate"].startswith("AdamW step sizes") and helps["lmbda"].startswith("GAE discount")
 
 
+def test_train_help_groups_every_field_once_and_lists_the_choices():
+    import argparse
+    from dataclasses import fields
+
+    from textgym.agents.ppo.config import FIELD_GROUPS, PPOConfig, add_config_args
+
+    grouped = [name for names in FIELD_GROUPS.values() for name in names]
+    assert sorted(grouped) == sorted(f.name for f in fields(PPOConfig) if f.init)  # each once, none left out
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    titles = {g.title: {a.dest for a in g._group_actions} for g in parser._action_groups}
+    assert (
+        titles["algorithm"] >= {"algo", "kl_coef", "clip_epsilon"}
+        and "num_workers" in titles["cluster (Ray rollout workers)"]
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--algo", "dpo"])  # refused by argparse, naming the choices
+
+
 def test_quickstart_is_reproducible(capsys):
     """The quickstart's reset(seed=0) and seeded sampler give one episode, whatever torch's global RNG holds."""
     outs = set()

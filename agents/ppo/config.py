@@ -21,6 +21,23 @@ LR_SCHEDULES = ("constant", "linear", "cosine")  # transformers' schedulers, aft
 # On resume: fields that may change and are applied from the resumed iteration on (the optimizer's
 # learning rates are set again after its state loads), and fields that do not touch the run's numbers.
 # Every other field defines the run (models, env, seed, algorithm): a change is refused.
+# `textgym train --help` lists the fields in these groups; a config file stays one flat JSON object.
+FIELD_GROUPS = {
+    "algorithm": ("algo", "group_size", "grpo_scale", "kl_coef", "target_kl", "kl_horizon", "kl_penalty", "tis_cap",
+                  "ppo_epochs", "num_minibatches", "clip_epsilon", "clip_value", "critic_coef", "gamma", "lmbda",
+                  "whiten_rewards", "max_grad_norm", "early_stop_kl"),
+    "optimiser": ("learning_rate", "critic_learning_rate", "lr_schedule", "warmup_iterations", "lora_rank",
+                  "lora_alpha"),
+    "env (the task)": ("env_id", "model", "reward_model", "prompts", "prompt_column", "eval_prompts", "chat_template",
+                       "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout"),
+    "sampling": ("temperature", "top_k", "top_p"),
+    "run": ("total_episodes", "num_envs", "seed", "device", "precision", "threads", "deterministic", "out", "resume",
+            "checkpoint_every", "progress", "report_to", "samples_every", "num_samples", "eval_every",
+            "eval_episodes"),
+    "cluster (Ray rollout workers)": ("num_workers", "ray_address", "async_rollout"),
+}  # fmt: skip
+CHOICES = {"algo": ALGOS, "grpo_scale": GROUP_SCALES, "kl_penalty": KL_PENALTIES, "lr_schedule": LR_SCHEDULES,
+           "precision": ("auto", "fp32", "bf16")}  # fmt: skip
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
                "eval_episodes", "ray_address", "report_to", "reward_timeout")  # fmt: skip
@@ -436,18 +453,20 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                         "OUT/config.json), applied over the preset; flags given apply over it")  # fmt: skip
     docs = attribute_docs(PPOConfig.__doc__ or "")
     defaults = field_defaults()
-    for f in fields(PPOConfig):
-        if not f.init:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{docs.get(f.name, '')} (default: {defaults[f.name]})".replace("%", "%%")
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        if kind == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text)
-        else:
+    types = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in fields(PPOConfig) if f.init}
+    for title, names in FIELD_GROUPS.items():
+        group = parser.add_argument_group(title)
+        for name in names:
+            flag = "--" + name.replace("_", "-")
+            help_text = f"{docs.get(name, '')} (default: {defaults[name]})".replace("%", "%%")
+            kind = types[name]
+            if kind == "bool":
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                                   help=help_text)  # fmt: skip
+                continue
             base = {"int": int, "float": float, "str": str, "bool": _parse_bool}[kind.split(" |")[0]]
             parse = _parse_optional(base) if "None" in kind else base
-            parser.add_argument(flag, type=parse, default=argparse.SUPPRESS, help=help_text)
+            group.add_argument(flag, type=parse, default=argparse.SUPPRESS, help=help_text, choices=CHOICES.get(name))
 
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
