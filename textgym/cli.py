@@ -295,13 +295,41 @@ def cmd_serve_rm(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv`` and run the command; a user's error is one line on stderr and exit status 2, not a traceback."""
+    args = build_parser().parse_args(argv)
+    import torch  # after parsing: --help stays fast
+
+    threads = torch.get_num_threads()
+    try:
+        set_threads(getattr(args, "threads", None))  # train: its config's field, set by the trainer
+        args.func(args)
+    except (ValueError, OSError, FolderInUseError, RewardModelError, FloatingPointError) as err:
+        # OSError: a full disk or a read-only --out; FloatingPointError: a non-finite loss or weight refused
+        print(f"textgym {args.command}: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during train (which said what its run folder holds)
+        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
+    finally:
+        torch.set_num_threads(threads)  # main() called from Python leaves the caller's setting
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``textgym`` parser: one adder per command, so each command's flags read in one place."""
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = _Subparsers(parser.add_subparsers(dest="command", required=True))
+    for add in (_add_info, _add_play, _add_train, _add_eval, _add_export, _add_rm_train, _add_rm_calibrate,
+                _add_bench, _add_serve_rm):  # fmt: skip
+        add(sub)
+    return parser
 
+
+def _add_info(sub: _Subparsers) -> None:
     p = sub.add_parser("info", help="print the default env's models, sizes and spaces")
     _env_args(p)
     p.set_defaults(func=cmd_info)
 
+
+def _add_play(sub: _Subparsers) -> None:
     p = sub.add_parser("play", help="run the reference policy on a few prompts")
     _env_args(p)
     p.add_argument("--episodes", type=int, default=5, help="episodes to play and print")
@@ -309,6 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=_seed, default=0, help="seeds the prompts and the sampling")
     p.set_defaults(func=cmd_play)
 
+
+def _add_train(sub: _Subparsers) -> None:
+    """The train flags are the config's fields (``add_config_args``), plus what only the command decides."""
     p = sub.add_parser("train", help="train the policy with PPO (TorchRL)")
     from textgym.agents.ppo.config import add_config_args  # dataclass and flags only: no TorchRL import
 
@@ -318,6 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     p.set_defaults(func=cmd_train)
 
+
+def _add_eval(sub: _Subparsers) -> None:
     p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
     _env_args(p, model_help="the policy to evaluate: a causal-LM folder, e.g. OUT/policy (default: π_ref alone)")
     p.add_argument("--ref-model", default=None, help="π_ref if not the run's (or the embedded LM)")
@@ -329,6 +362,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="show a progress bar")
     p.set_defaults(func=cmd_eval)
 
+
+def _add_export(sub: _Subparsers) -> None:
     p = sub.add_parser("export", help="copy a saved policy to a folder; --merge folds LoRA adapters into it")
     p.add_argument("policy", help="a saved policy folder, e.g. OUT/policy")
     p.add_argument("--out", required=True, help="the folder to write (refused if it exists, unless --overwrite)")
@@ -336,6 +371,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace --out")
     p.set_defaults(func=cmd_export)
 
+
+def _add_rm_train(sub: _Subparsers) -> None:
     p = sub.add_parser("rm-train", help="train a Bradley-Terry reward model from preference pairs (JSONL)")
     p.add_argument("--pairs", required=True, help='JSONL lines {"prompt", "chosen", "rejected"}')
     p.add_argument("--val-pairs", default=None, help="held-out pairs (default: a split of --pairs)")
@@ -349,11 +386,15 @@ def main(argv: list[str] | None = None) -> None:
     _calibration_args(p)
     p.set_defaults(func=cmd_rm_train)
 
+
+def _add_rm_calibrate(sub: _Subparsers) -> None:
     p = sub.add_parser("rm-calibrate", help="store a reward model's score mean/std under pi_ref beside it")
     p.add_argument("--reward-model", required=True, help="reward-model folder")
     _calibration_args(p)
     p.set_defaults(func=cmd_rm_calibrate)
 
+
+def _add_bench(sub: _Subparsers) -> None:
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
     p.add_argument("--task", default=None, choices=["sentiment", "arithmetic", "arithmetic-proxy"],
                    help="sentiment (TextRLHF-v0), arithmetic (TextArithmetic-v0, the verifier as reward) or "
@@ -374,6 +415,8 @@ def main(argv: list[str] | None = None) -> None:
                    "columns, tables and plots from its files (with --frontier-kl: at another KL limit)")  # fmt: skip
     p.set_defaults(func=cmd_bench)
 
+
+def _add_serve_rm(sub: _Subparsers) -> None:
     p = sub.add_parser("serve-rm", help="serve a reward model over HTTP (OpenRLHF's /get_reward and /score)")
     p.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every one)")
@@ -384,22 +427,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-batch", type=_positive_int, default=64, help="episodes per joined forward")
     p.add_argument("--max-items", type=_positive_int, default=1024, help="episodes per request (more: HTTP 413)")
     p.set_defaults(func=cmd_serve_rm)
-
-    args = parser.parse_args(argv)
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        set_threads(getattr(args, "threads", None))  # train: its config's field, set by the trainer
-        args.func(args)
-    except (ValueError, OSError, FolderInUseError, RewardModelError, FloatingPointError) as err:
-        # OSError: a full disk or a read-only --out; FloatingPointError: a non-finite loss or weight refused
-        print(f"textgym {args.command}: error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM during train (which said what its run folder holds)
-        sys.exit(128 + getattr(err, "signum", signal.SIGINT))
-    finally:
-        torch.set_num_threads(threads)  # main() called from Python leaves the caller's setting
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
