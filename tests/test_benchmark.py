@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from textgym.agents import benchmark
+from textgym.agents import benchmark, benchmark_report
 from textgym.agents.benchmark import ALGORITHMS, BenchConfig, confidence_interval, register_algorithm, run_benchmark
 
 
@@ -125,12 +125,12 @@ def test_every_algorithm_trains_in_the_env_it_is_evaluated_in(tmp_path, monkeypa
 
 def _frontier_figure(curves, monkeypatch, tmp_path):
     """The figure ``_plot_frontier`` draws (caught where it closes it) and the PNG it wrote."""
-    closed, real = [], benchmark._pyplot()
+    closed, real = [], benchmark_report._pyplot()
     spy = type(
         "Spy", (), {"__getattr__": lambda self, name: getattr(real, name), "close": lambda self, f: closed.append(f)}
     )
-    monkeypatch.setattr(benchmark, "_pyplot", spy)
-    benchmark._plot_frontier(curves, {"score": 0.0, "gold": 0.0}, 2.0, 0, tmp_path, "sentiment")
+    monkeypatch.setattr(benchmark_report, "_pyplot", spy)
+    benchmark_report._plot_frontier(curves, {"score": 0.0, "gold": 0.0}, 2.0, 0, tmp_path, "sentiment")
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
     return closed[0]
 

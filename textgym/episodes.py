@@ -21,7 +21,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import NonTensorStack, TensorDict
 
-__all__ = ["FINAL_INFO_KEYS", "collect_episodes", "make_episode_envs"]
+__all__ = ["FINAL_INFO_KEYS", "collect_episodes", "make_episode_envs", "sequence_kl"]
 
 # Per-episode results copied from the env's last-step info, with their dtypes.
 FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
@@ -41,6 +41,15 @@ def make_episode_envs(env_id: str = "TextRLHF-v0", num_envs: int = 1, **env_kwar
 
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
                         **env_kwargs)  # fmt: skip
+
+
+def sequence_kl(episodes: TensorDict) -> torch.Tensor:
+    """Each episode's k1 KL to π_ref, Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over its response ``(B,)``.
+
+    With the sampler's own log-probs this is the single-sample estimate of KL(π‖π_ref) every report
+    (the trainer's samples, the evaluation, ``textgym play``) gives per sequence.
+    """
+    return ((episodes["sample_log_prob"] - episodes["ref_logprob"]) * episodes["mask"]).sum(1)
 
 
 def _as_numpy(x: Any) -> np.ndarray:

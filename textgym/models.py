@@ -360,9 +360,9 @@ FP32_ATTENTION = "textgym_sdpa_fp32_under_cpu_autocast"
 def fp32_attention() -> str:
     """Register (once) and return the name of transformers' SDPA attention run in fp32 under CPU autocast.
 
-    Why: on this CPU, torch's flash-attention backward in bf16 is about 5x slower than in fp32
-    (4.7 against 1.0 ms per call on a PPO minibatch), while attention is a small share of the
-    FLOPs; in fp32 a bf16 PPO minibatch step took 11-15 % less. Outside CPU autocast (fp32
+    Why: torch's CPU flash-attention backward is several times slower in bf16 than in fp32, while
+    attention is a small share of the FLOPs, so a bf16 PPO minibatch step is faster with attention
+    in fp32 (measured in docs/performance.md, "speed levers"). Outside CPU autocast (fp32
     training, the env's π_ref, CUDA) it is transformers' ``sdpa`` itself, call for call.
     """
     from transformers import AttentionInterface

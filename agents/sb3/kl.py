@@ -4,7 +4,8 @@ TextRLHF-v0 pays r_t = β·log π_ref(a_t|s_t) (+ the score at the last step). S
 β·log π_θ(a_t|s_t) of the agent's own sample — the log-prob SB3 stores in
 ``rollout_buffer.log_probs`` at sampling time — turns it into the per-token KL-penalised reward
 r̂_t = −β·(log π_θ − log π_ref) (+ score), whose return is that of E[score] − β·KL(π_θ‖π_ref),
-so every advantage SB3 builds on it estimates the KL-regularised policy gradient (DESIGN.md).
+so every advantage SB3 builds on it estimates the KL-regularised policy gradient (the objective of
+every textgym agent; README, "The PPO agent").
 
 An entropy bonus ``ent_coef = β`` is not equivalent: it differentiates each visited state's
 entropy but not how a token changes the entropies of the states after it, and SB3 normalises the
