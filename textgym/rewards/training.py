@@ -130,47 +130,22 @@ def train_reward_model(
             held-out loss has not improved for ``patience`` epochs and the best epoch is kept.
         save_dtype: storage precision of the saved weights.
     """
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if not pairs:
         raise ValueError("pairs is empty")
     rng = random.Random(seed)
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(backbone)
-    model = AutoModelForSequenceClassification.from_pretrained(backbone, num_labels=1, dtype=torch.float32)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    torch.nn.init.zeros_(model.score.weight)  # start at r = 0 for every text: no prior preference
-
-    def encode(p: PreferencePair) -> tuple[list[int], list[int]]:
-        return encode_episode(tokenizer, p.prompt, p.chosen), encode_episode(tokenizer, p.prompt, p.rejected)
-
-    train = list(pairs)
-    if val_pairs is None:
-        rng.shuffle(train)
-        n_val = max(1, int(len(train) * val_fraction))
-        val_pairs, train = train[:n_val], train[n_val:]
-    train_data, val_data = [encode(p) for p in train], [encode(p) for p in val_pairs]
-    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    steps = epochs * math.ceil(len(train_data) / batch_size)
-    sched = get_linear_schedule_with_warmup(optim, num_warmup_steps=min(50, steps // 10), num_training_steps=steps)
+    model = _init_reward_model(backbone, tokenizer)
+    train, val_pairs = _held_out_split(pairs, val_pairs, val_fraction, rng)
+    train_data, val_data = _encode_pairs(tokenizer, train), _encode_pairs(tokenizer, val_pairs)
+    optim, sched = _adamw_with_warmup(model, lr, steps=epochs * math.ceil(len(train_data) / batch_size))
     best = (math.inf, 0.0, None)
     history, bad_epochs = [], 0
     for epoch in range(epochs):
-        model.train()
         rng.shuffle(train_data)
-        bar = tqdm(range(0, len(train_data), batch_size), desc=f"rm epoch {epoch + 1}", disable=not progress)
-        for start in bar:
-            chunk = train_data[start : start + batch_size]
-            ids, mask = left_pad(tokenizer, [c for c, _ in chunk] + [r for _, r in chunk])
-            r = _rewards(model, ids, mask)  # (2b,): chosen then rejected
-            loss = -F.logsigmoid(r[: len(chunk)] - r[len(chunk) :]).mean()
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optim.step()
-            sched.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+        _train_epoch(model, tokenizer, train_data, batch_size, optim, sched, f"rm epoch {epoch + 1}", progress)
         val_loss, val_acc = _evaluate(model, val_data, tokenizer, 2 * batch_size)
         history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_accuracy": val_acc})
         if progress:
@@ -181,7 +156,70 @@ def train_reward_model(
             bad_epochs += 1
             if bad_epochs >= patience:
                 break
-    model.load_state_dict(best[2])
+    _save_best(model, best[2], tokenizer, out, save_dtype)
+    return RMTrainResult(best[1], best[0], len(train_data), len(val_data), len(history), history)
+
+
+def _init_reward_model(backbone: str | Path, tokenizer):
+    """The backbone's body under a fresh scalar head; ``pad_token_id`` tells it which tokens are padding, so it
+    pools at the last real token."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(backbone, num_labels=1, dtype=torch.float32)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    torch.nn.init.zeros_(model.score.weight)  # start at r = 0 for every text: no prior preference
+    return model
+
+
+def _held_out_split(
+    pairs: list[PreferencePair], val_pairs: list[PreferencePair] | None, val_fraction: float, rng: random.Random
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out): ``val_pairs`` when given, else a shuffled ``val_fraction`` of ``pairs`` (at least one),
+    so early stopping always has a held-out loss to watch."""
+    train = list(pairs)
+    if val_pairs is None:
+        rng.shuffle(train)
+        n_val = max(1, int(len(train) * val_fraction))
+        val_pairs, train = train[:n_val], train[n_val:]
+    return train, val_pairs
+
+
+def _encode_pairs(tokenizer, pairs: list[PreferencePair]) -> list[tuple[list[int], list[int]]]:
+    """(chosen ids, rejected ids) per pair, each encoded as the env hands a finished episode to the RM."""
+    return [
+        (encode_episode(tokenizer, p.prompt, p.chosen), encode_episode(tokenizer, p.prompt, p.rejected)) for p in pairs
+    ]
+
+
+def _adamw_with_warmup(model, lr: float, steps: int):
+    """AdamW and its schedule: linear warmup over a tenth of the steps (at most 50), then linear decay to 0."""
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = get_linear_schedule_with_warmup(optim, num_warmup_steps=min(50, steps // 10), num_training_steps=steps)
+    return optim, sched
+
+
+def _train_epoch(model, tokenizer, data, batch_size: int, optim, sched, desc: str, progress: bool) -> None:
+    """One pass over ``data`` in order: the caller shuffles it, with the run's seeded ``rng``."""
+    from tqdm.auto import tqdm
+
+    model.train()
+    bar = tqdm(range(0, len(data), batch_size), desc=desc, disable=not progress)
+    for start in bar:
+        chunk = data[start : start + batch_size]
+        ids, mask = left_pad(tokenizer, [c for c, _ in chunk] + [r for _, r in chunk])
+        r = _rewards(model, ids, mask)  # (2b,): chosen then rejected
+        loss = -F.logsigmoid(r[: len(chunk)] - r[len(chunk) :]).mean()
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optim.step()
+        sched.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+
+
+def _save_best(model, state: dict, tokenizer, out: str | Path, save_dtype: torch.dtype) -> None:
+    """Save the best epoch's weights at ``save_dtype`` with the backbone's tokenizer, so the env loads the
+    folder as it is; ``out`` is replaced atomically."""
+    model.load_state_dict(state)
     model.to(save_dtype)
     save_folder_atomically(out, lambda tmp: (model.save_pretrained(tmp), tokenizer.save_pretrained(tmp)))
-    return RMTrainResult(best[1], best[0], len(train_data), len(val_data), len(history), history)
