@@ -50,6 +50,15 @@ def _fork_safe_threads() -> None:
         torch.set_num_threads(1)
 
 
+def _check_top_p(action_mask_top_p: float | None) -> float | None:
+    """``action_mask_top_p``: a probability mass in (0, 1], or None for no action mask."""
+    if action_mask_top_p is not None and not (
+        isinstance(action_mask_top_p, (int, float)) and 0 < action_mask_top_p <= 1
+    ):
+        raise ValueError(f"action_mask_top_p={action_mask_top_p!r} must be a float in (0, 1] or None")
+    return action_mask_top_p
+
+
 class Engine:
     """Models, prompts and the episode state of N slots: what the single and vector env share.
 
@@ -84,18 +93,31 @@ class Engine:
         reward_timeout: float | None = None,
     ):
         _fork_safe_threads()
+        # the plain arguments first: a bad number is reported before any model is loaded
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
-        if action_mask_top_p is not None and not (
-            isinstance(action_mask_top_p, (int, float)) and 0 < action_mask_top_p <= 1
-        ):
-            raise ValueError(f"action_mask_top_p={action_mask_top_p!r} must be a float in (0, 1] or None")
-        self.action_mask_top_p = action_mask_top_p
+        self.action_mask_top_p = _check_top_p(action_mask_top_p)
         missing_eos_penalty = check_nonnegative("missing_eos_penalty", missing_eos_penalty)
         if max_prompt_tokens is not None:
             max_prompt_tokens = check_int("max_prompt_tokens", max_prompt_tokens, 1)
         self.reward_timeout = check_timeout(reward_timeout)
         self.device = resolve_device(device)
         self.kl_coef = kl_coef
+        self._load_reference(model, tokenizer, dtype, stop_token_ids, chat_template)
+        self.prompts = load_prompts(prompts, prompt_column)
+        self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
+        self.max_new_tokens = max_new_tokens
+        self.seq_len = self.max_prompt_tokens + self.max_new_tokens
+        self._check_prompt_room(max_new_tokens)
+        check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
+        self._load_scorers(reward_model, gold_scorer, normalize_reward)
+        self.missing_eos_penalty = missing_eos_penalty
+        self._allocate_slots(num_slots)
+
+    def _load_reference(self, model, tokenizer, dtype, stop_token_ids, chat_template: bool) -> None:
+        """π_ref and its tokenizer, and the token ids the episodes need from them (EOS, stops, PAD, BOS).
+
+        Loaded before the prompts: encoding a prompt needs the tokenizer, its BOS and the chat template.
+        """
         self.model = load_causal_lm(model, self.device, dtype, name="model")
         # without tokenizer= the model's folder must hold one: the error then names model=
         tok_arg = ("tokenizer", tokenizer) if tokenizer is not None else ("model", model)
@@ -110,21 +132,23 @@ class Engine:
             self.tokenizer.pad_token = self.tokenizer.convert_ids_to_tokens(self.pad_id)
         self.chat_template = check_chat_template(chat_template, self.tokenizer)
         self.bos_id = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_id
-        self.prompts = load_prompts(prompts, prompt_column)
-        self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
-        self.max_new_tokens = max_new_tokens
-        self.seq_len = self.max_prompt_tokens + self.max_new_tokens
-        self._check_prompt_room(max_new_tokens)
-        check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
+
+    def _load_scorers(self, reward_model, gold_scorer, normalize_reward) -> None:
+        """The reward model, the gold scorer and the reward normalisation.
+
+        Loaded once the observation width is known: a reward model sharing the tokenizer must have
+        positions for a whole episode, and its stored normalisation is checked against ``max_new_tokens``.
+        """
         self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
         if getattr(self.reward_model, "shares_tokenizer", False) and hasattr(self.reward_model, "model"):
             # it scores prompt + response + the EOS closing a length-capped response
             check_positions("reward_model", self.reward_model.model, self.seq_len + 1, self.max_prompt_tokens,
-                             max_new_tokens)  # fmt: skip
+                             self.max_new_tokens)  # fmt: skip
         self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
-        self.norm = resolve_norm(normalize_reward, self.reward_model, max_new_tokens)
-        self.missing_eos_penalty = missing_eos_penalty
+        self.norm = resolve_norm(normalize_reward, self.reward_model, self.max_new_tokens)
 
+    def _allocate_slots(self, num_slots: int) -> None:
+        """Every slot's episode state, sized once for ``num_slots`` × ``seq_len``: ``start`` and ``advance`` fill it."""
         self.num_slots = num_slots
         n, L = num_slots, self.seq_len
         self.decoder = CachedDecoder(self.model, n, L)
