@@ -13,7 +13,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -123,11 +123,21 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
         RewardModelError: naming the reward model, the batch and, for a bad value, the offending episode.
     """
     name = getattr(model, "name", type(model).__name__)
+    raw = _call_score(model, name, episodes, slots, timeout)
+    scores = _one_float_each(raw, name, len(episodes))
+    _check_finite_in_float32(scores, name, episodes, slots)
+    return scores
+
+
+def _call_score(
+    model: RewardModel, name: str, episodes: Episodes, slots: Sequence[int] | None, timeout: float | None
+) -> Any:
+    """``model.score(episodes)`` within ``timeout``; a failure or a hang becomes one :class:`RewardModelError`
+    naming the model and the batch, so the env can undo the step and the user sees which scorer broke."""
     try:
         if getattr(model, "enforces_timeout", False):  # a remote model times its own request out
-            raw = model.score(episodes, timeout=timeout)
-        else:
-            raw = model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
+            return model.score(episodes, timeout=timeout)
+        return model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
     except _Hung:
         raise RewardModelError(
             f"reward model {name!r} did not return within reward_timeout={timeout} s on {_batch(episodes, slots)}; "
@@ -137,6 +147,14 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
         raise RewardModelError(
             f"reward model {name!r} raised {type(err).__name__}: {err} (scoring {_batch(episodes, slots)})"
         ) from err
+
+
+def _one_float_each(raw: Any, name: str, n: int) -> np.ndarray:
+    """``raw`` as float64 scores of shape ``(n,)``, or a :class:`RewardModelError` saying what came back instead.
+
+    Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word, and
+    True into 1.0 (a bool is a verdict, not a score: a verifier returns 1.0 or 0.0 explicitly).
+    """
     if isinstance(raw, torch.Tensor):
         # float64, not float: a float32 cast would turn 1e39 into inf before the range check names it
         raw = raw.detach().cpu().numpy() if raw.dtype == torch.bool else raw.detach().double().cpu().numpy()
@@ -144,24 +162,29 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
         scores = np.asarray(raw)
     except (TypeError, ValueError):  # ragged nesting
         scores = np.asarray(None)
-    # Only real numbers count: numpy would turn "1.0" into 1.0 and None into nan without a word, and
-    # True into 1.0 (a bool is a verdict, not a score: a verifier returns 1.0 or 0.0 explicitly).
     if scores.dtype.kind not in "iuf":
         shown = short_repr(raw)
         hint = " (bool values: return 1.0 or 0.0 to mean a score)" if scores.dtype.kind == "b" else ""
         raise RewardModelError(
             f"reward model {name!r} returned {type(raw).__name__} {shown}{hint}, which is not one float per episode; "
-            f"expected a sequence, array or tensor of {len(episodes)} real numbers"
+            f"expected a sequence, array or tensor of {n} real numbers"
         )
     scores = scores.astype(np.float64)
     if scores.ndim == 2 and scores.shape[1] == 1:
         scores = scores[:, 0]
-    if scores.shape != (len(episodes),):
+    if scores.shape != (n,):
         raise RewardModelError(
-            f"reward model {name!r} returned shape {scores.shape} for {len(episodes)} episodes; "
-            f"expected one float per episode, shape ({len(episodes)},)"
+            f"reward model {name!r} returned shape {scores.shape} for {n} episodes; "
+            f"expected one float per episode, shape ({n},)"
         )
-    # Finite in float32 too: the rollout's buffers are float32, where 1e308 becomes inf and then NaN weights.
+    return scores
+
+
+def _check_finite_in_float32(scores: np.ndarray, name: str, episodes: Episodes, slots: Sequence[int] | None) -> None:
+    """Refuse a score that is not finite in float32, naming its episode.
+
+    Why float32: the rollout's buffers are float32, where 1e308 becomes inf and then NaN weights.
+    """
     bad = np.flatnonzero(~np.isfinite(scores) | (np.abs(scores) > FLOAT32_MAX))
     if bad.size:
         i = int(bad[0])
@@ -171,7 +194,6 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
             f"response={short_repr(episodes.responses[i])}); scores must be finite, also when stored as float32 "
             f"(|score| <= {FLOAT32_MAX:.4g}): this one is not finite in float32"
         )
-    return scores
 
 
 class RewardNorm(NamedTuple):
