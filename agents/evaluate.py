@@ -170,31 +170,53 @@ def evaluate(
         ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
         ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
     """
-    run = run_settings(policy if run_of is None else run_of, given=env_kwargs)
+    run_of = policy if run_of is None else run_of
+    env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)
+    num_envs = min(num_envs, episodes)
+    envs = make_episode_envs(env_id, num_envs, device=device, **env_kwargs)
+    sampler = _policy(envs, policy, policy_factory, seed, temperature, device, **sampling)
+    prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))
+    start = time.perf_counter()
+    rows = _sample_rows(envs, sampler, prompts, episodes, num_envs, seed, progress)
+    seconds = time.perf_counter() - start
+    beta = envs.unwrapped.kl_coef
+    envs.close()
+    return _summary(rows, beta, seconds)
+
+
+def _eval_settings(
+    run_of: str | None, temperature: float | None, env_kwargs: dict[str, Any]
+) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
+    """(env id, temperature, sampling truncation, env arguments) of an evaluation.
+
+    The run's settings (:func:`run_settings`) fill what the caller did not give, so a policy is measured
+    in the env and with the sampling it was trained with; the prompts default to the env's eval split.
+    """
+    run = run_settings(run_of, given=env_kwargs)
     run_temperature = run.pop("temperature", 1.0)
     temperature = temperature if temperature is not None else run_temperature
     sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with
     env_id = env_kwargs.pop("env_id", None) or run.pop("env_id", "TextRLHF-v0")
     eval_prompts = run.pop("eval_prompts", None) or str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS))
-    env_kwargs = {"prompts": eval_prompts, **run, **env_kwargs}
-    num_envs = min(num_envs, episodes)
-    envs = make_episode_envs(env_id, num_envs, device=device, **env_kwargs)
-    base = envs.unwrapped
-    sampler = _policy(envs, policy, policy_factory, seed, temperature, device, **sampling)
-    prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))
-    start = time.perf_counter()
+    return env_id, temperature, sampling, {"prompts": eval_prompts, **run, **env_kwargs}
+
+
+def _sample_rows(
+    envs, sampler, prompts: list[str], episodes: int, num_envs: int, seed: int, progress: bool | str
+) -> list[dict]:
+    """``episodes`` rows of :func:`_rows`, the prompts taken in order (cycled) so every policy answers the same ones.
+
+    Each batch is seeded with ``seed`` plus the episodes before it: the same call samples the same episodes.
+    """
     rows: list[dict] = []
     with _progress_bar(episodes, progress) as bar:
         while len(rows) < episodes:
             k = min(num_envs, episodes - len(rows))
             batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
             done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows))
-            rows.extend(_rows(done, base.max_prompt_tokens))
+            rows.extend(_rows(done, envs.unwrapped.max_prompt_tokens))
             bar.update(k)
-    seconds = time.perf_counter() - start
-    beta = base.kl_coef
-    envs.close()
-    return _summary(rows, beta, seconds)
+    return rows
 
 
 def _progress_bar(episodes: int, progress: bool | str):
