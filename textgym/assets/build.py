@@ -330,13 +330,107 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
+def corpus_stats(rows: list[dict]) -> dict:
+    """The report's summary of the corpus: the sentiment balance and length the LM and the RM learn from."""
+    gold = np.array([r["gold"] for r in rows])
+    return {
+        "reviews": len(rows), "positive": int((gold >= 0.05).sum()), "negative": int((gold <= -0.05).sum()),
+        "mean_words": float(np.mean([len(r["text"].split()) for r in rows])),
+    }  # fmt: skip
+
+
+def write_prompts(cfg: BuildConfig, train_rows: list[dict], val_rows: list[dict], tok, data_out: Path) -> list[str]:
+    """Write the env's ``prompts_train.txt`` and ``prompts_eval.txt``; return the unfiltered train prompts.
+
+    Train prompts come from train reviews, eval prompts from held-out reviews only. The env's prompt files keep
+    plain openings of at most MAX_PROMPT_TOKENS tokens (a few generations open with dates or titles, which would
+    widen every observation); the RM's SFT samples are drawn from the unfiltered list.
+    """
+    train_prompts = make_prompts(train_rows, cfg.n_train_prompts, cfg.seed)
+    eval_prompts = [p for p in make_prompts(val_rows, 10 * cfg.n_eval_prompts, cfg.seed + 1)][: cfg.n_eval_prompts]
+    for name, prompts in (("train", train_prompts), ("eval", eval_prompts)):
+        kept = [p for p in prompts if plain_prompt(p, tok)]
+        (data_out / f"prompts_{name}.txt").write_text("\n".join(kept) + "\n")
+    return train_prompts
+
+
+def sft_items(cfg: BuildConfig, lm, tok, prompts: list[str], rng: random.Random) -> list[tuple[str, str, float]]:
+    """(prompt, SFT sample, VADER of the sample): the RM must also rank what π_ref writes, not only the corpus."""
+    sft = sample(lm, tok, rng.sample(prompts, min(cfg.rm_sample_prompts, len(prompts))),
+                 cfg.rm_samples_per_prompt, cfg.max_new_tokens, cfg.seed)  # fmt: skip
+    return [(p, r, float(g)) for (p, r), g in zip(sft, VaderScorer().score_texts([r for _, r in sft]))]
+
+
+def rm_pairs(
+    cfg: BuildConfig,
+    train_rows: list[dict],
+    val_rows: list[dict],
+    sft: list[tuple[str, str, float]],
+    rng: random.Random,
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """Train and held-out pairs judged by the gold scorer, from corpus continuations and SFT samples.
+
+    The held-out pairs come from held-out reviews and a tenth of the SFT samples, so the RM's
+    held-out accuracy is measured on texts it did not train on.
+    """
+    n_sft_val = len(sft) // 10
+    train_items = corpus_items(train_rows, rng) + sft[n_sft_val:]
+    val_items = corpus_items(val_rows, rng) + sft[:n_sft_val]
+    n_random = int(cfg.rm_pairs_per_item * len(train_items))
+    train_pairs = make_pairs(train_items, n_random, cfg.rm_gold_margin, rng)
+    val_pairs = make_pairs(val_items, n_random // 10, cfg.rm_gold_margin, rng)[:1000]
+    return train_pairs, val_pairs
+
+
+def write_pairs(data_out: Path, train_pairs: list[PreferencePair], val_pairs: list[PreferencePair]) -> None:
+    """The exact pairs, so ``textgym rm-train --pairs ... --val-pairs ...`` rebuilds the same RM."""
+    for name, pairs in (("train", train_pairs), ("val", val_pairs)):
+        with (data_out / f"rm_pairs_{name}.jsonl").open("w") as f:
+            for p in pairs:
+                f.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+
+
+def calibrate_rm(cfg: BuildConfig, lm_dir: Path, rm_dir: Path, prompts: Path) -> tuple[dict, list[dict]]:
+    """Store the RM's score mean/std under π_ref beside it; return them with the RM's agreement with the gold
+    scorer, and a few samples for the report.
+
+    Measured through the env on the train prompts, as ``textgym rm-calibrate`` does, so the env normalises
+    with the statistics of the episodes it will run.
+    """
+    rows = sample_episodes(cfg.calib_prompts, seed=cfg.seed + 2, model=str(lm_dir), reward_model=str(rm_dir),
+                           prompts=str(prompts), max_new_tokens=cfg.max_new_tokens)  # fmt: skip
+    scores = np.array([r["rm_score"] for r in rows])
+    gold_scores = np.array([r["gold_score"] for r in rows])
+    save_norm(
+        rm_dir,
+        float(scores.mean()),
+        float(scores.std()),
+        max_new_tokens=cfg.max_new_tokens,
+        measured_on=f"{len(rows)} samples of pi_ref on the train prompts",
+    )
+    calibration = {
+        "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),
+        "gold_mean": float(gold_scores.mean()), "spearman_rm_gold": spearman(scores, gold_scores),
+    }  # fmt: skip
+    samples = [
+        {"prompt": r["prompt"], "response": r["response"], "rm": float(r["rm_score"]), "gold": float(r["gold_score"])}
+        for r in rows[:12]
+    ]
+    return calibration, samples
+
+
 # ---------------------------------------------------------------- main
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Rebuild textgym's embedded tokenizer, LM and RM.")
     parser.add_argument("--quick", action="store_true", help="tiny models, for smoke tests")
     parser.add_argument("--out", type=Path, default=HERE, help="assets folder to write lm/, rm/ and data/ into")
     parser.add_argument("--corpus", type=Path, default=DATA / "reviews.jsonl")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    """Run the build's steps in order (one seeded ``rng`` through them all); the report records each."""
+    args = _parse_args()
     cfg = BuildConfig.quick() if args.quick else BuildConfig()
     from transformers import AutoModelForCausalLM
 
@@ -351,11 +445,7 @@ def main() -> None:
     if args.quick:
         rows = rows[:800]
     train_rows, val_rows = split(rows)
-    gold = np.array([r["gold"] for r in rows])
-    report["corpus"] = {
-        "reviews": len(rows), "positive": int((gold >= 0.05).sum()), "negative": int((gold <= -0.05).sum()),
-        "mean_words": float(np.mean([len(r["text"].split()) for r in rows])),
-    }  # fmt: skip
+    report["corpus"] = corpus_stats(rows)
     print("corpus:", report["corpus"])
 
     # -- tokenizer (lives in the LM folder; the RM copies it)
@@ -363,14 +453,7 @@ def main() -> None:
     tok = train_tokenizer([r["text"] for r in train_rows], cfg.vocab_size, tok_dir)
 
     # -- prompts: train prompts from train reviews, eval prompts from held-out reviews only
-    train_prompts = make_prompts(train_rows, cfg.n_train_prompts, cfg.seed)
-    eval_prompts = [p for p in make_prompts(val_rows, 10 * cfg.n_eval_prompts, cfg.seed + 1)][: cfg.n_eval_prompts]
-    # The env's prompt files keep plain openings of at most MAX_PROMPT_TOKENS tokens (a few
-    # generations open with dates or titles, which would widen every observation); the RM's
-    # SFT samples below are drawn from the unfiltered list.
-    for name, prompts in (("train", train_prompts), ("eval", eval_prompts)):
-        kept = [p for p in prompts if plain_prompt(p, tok)]
-        (data_out / f"prompts_{name}.txt").write_text("\n".join(kept) + "\n")
+    train_prompts = write_prompts(cfg, train_rows, val_rows, tok, data_out)
 
     # -- SFT policy
     lm_dir = args.out / "lm"
@@ -381,23 +464,11 @@ def main() -> None:
     lm = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float32).eval()
 
     # -- preference pairs judged by the gold scorer: corpus continuations + SFT samples
-    vader = VaderScorer()
-    sft = sample(lm, tok, rng.sample(train_prompts, min(cfg.rm_sample_prompts, len(train_prompts))),
-                 cfg.rm_samples_per_prompt, cfg.max_new_tokens, cfg.seed)  # fmt: skip
-    sft_items = [(p, r, float(g)) for (p, r), g in zip(sft, vader.score_texts([r for _, r in sft]))]
-    report["lm"]["sample_word_rate"] = real_word_rate([r for _, r in sft], [r["text"] for r in rows])
+    sft = sft_items(cfg, lm, tok, train_prompts, rng)
+    report["lm"]["sample_word_rate"] = real_word_rate([r for _, r, _ in sft], [r["text"] for r in rows])
     print("share of sampled words that occur in the corpus:", report["lm"]["sample_word_rate"])
-    n_sft_val = len(sft_items) // 10
-    train_items = corpus_items(train_rows, rng) + sft_items[n_sft_val:]
-    val_items = corpus_items(val_rows, rng) + sft_items[:n_sft_val]
-    n_random = int(cfg.rm_pairs_per_item * len(train_items))
-    train_pairs = make_pairs(train_items, n_random, cfg.rm_gold_margin, rng)
-    val_pairs = make_pairs(val_items, n_random // 10, cfg.rm_gold_margin, rng)[:1000]
-    for name, pairs in (("train", train_pairs), ("val", val_pairs)):
-        # the exact pairs, so `textgym rm-train --pairs ... --val-pairs ...` rebuilds the same RM
-        with (data_out / f"rm_pairs_{name}.jsonl").open("w") as f:
-            for p in pairs:
-                f.write(json.dumps({"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected}) + "\n")
+    train_pairs, val_pairs = rm_pairs(cfg, train_rows, val_rows, sft, rng)
+    write_pairs(data_out, train_pairs, val_pairs)
     rm_dir = args.out / "rm"
     result = train_reward_model(
         train_pairs, lm_dir, rm_dir, epochs=cfg.rm_epochs, lr=cfg.rm_lr, batch_size=cfg.rm_batch_size,
@@ -406,27 +477,8 @@ def main() -> None:
     report["rm"] = asdict(result)
     print("rm:", {k: v for k, v in report["rm"].items() if k != "history"}, f"{time.time() - t0:.0f}s")
 
-    # -- calibration under π_ref on the train prompts (through the env, as `textgym rm-calibrate`),
-    #    and agreement with the gold scorer
-    rows = sample_episodes(cfg.calib_prompts, seed=cfg.seed + 2, model=str(lm_dir), reward_model=str(rm_dir),
-                           prompts=str(data_out / "prompts_train.txt"), max_new_tokens=cfg.max_new_tokens)  # fmt: skip
-    scores = np.array([r["rm_score"] for r in rows])
-    gold_scores = np.array([r["gold_score"] for r in rows])
-    save_norm(
-        rm_dir,
-        float(scores.mean()),
-        float(scores.std()),
-        max_new_tokens=cfg.max_new_tokens,
-        measured_on=f"{len(rows)} samples of pi_ref on the train prompts",
-    )
-    report["calibration"] = {
-        "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),
-        "gold_mean": float(gold_scores.mean()), "spearman_rm_gold": spearman(scores, gold_scores),
-    }  # fmt: skip
-    report["samples"] = [
-        {"prompt": r["prompt"], "response": r["response"], "rm": float(r["rm_score"]), "gold": float(r["gold_score"])}
-        for r in rows[:12]
-    ]
+    # -- calibration under π_ref on the train prompts, and agreement with the gold scorer
+    report["calibration"], report["samples"] = calibrate_rm(cfg, lm_dir, rm_dir, data_out / "prompts_train.txt")
     report["seconds"] = time.time() - t0
     (data_out / "build_report.json").write_text(json.dumps(report, indent=2) + "\n")
     shutil.rmtree(tok_dir, ignore_errors=True)
