@@ -23,8 +23,9 @@ METRICS = ("episodes", "env_steps", "rm_score", "score", "gold_score", "kl", "kl
 
 
 def tiny(tmp_path, **changes) -> PPOConfig:
-    """8 slots over 2 workers, 8 tokens, fp32 (exact log-prob comparisons)."""
-    base = {"max_new_tokens": 8, "num_workers": 2, "precision": "fp32", "total_episodes": 24}
+    """8 slots over 2 workers, 8 tokens, fp32 and one learner thread (exact comparisons: train() and a bare
+    Trainer.create must update with the same thread count, whose rounding the numbers depend on)."""
+    base = {"max_new_tokens": 8, "num_workers": 2, "precision": "fp32", "total_episodes": 24, "threads": 1}
     return PPOConfig(**{**PRESETS["tiny"], **base, "out": str(tmp_path / "run"), **changes})
 
 
