@@ -8,6 +8,7 @@ Episodes come from :func:`textgym.episodes.collect_episodes`, the one episode lo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -138,6 +139,7 @@ def evaluate(
     device: str = "cpu",
     progress: bool | str = False,
     run_of: str | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     **env_kwargs,
 ) -> dict:
     """Sample ``episodes`` responses on the eval prompts and score them.
@@ -155,6 +157,9 @@ def evaluate(
             define the evaluation (default: ``policy``). ``evaluate(None, run_of="OUT/policy")``
             measures π_ref in that run's env, sampling as the run sampled: the baseline of the
             objective the policy was trained on.
+        autocast: the context the policy's forwards run under (a training run's periodic evaluation
+            passes its own, so the policy is measured in the precision it samples in during training;
+            π_ref and the reward model in the env keep theirs).
         env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the env's eval split;
             ``model`` is π_ref), and ``env_id`` (default ``"TextRLHF-v0"``). A ``policy`` folder
             saved by ``textgym train`` brings the settings it was trained with
@@ -177,7 +182,7 @@ def evaluate(
     sampler = _policy(envs, policy, policy_factory, seed, temperature, device, **sampling)
     prompts = load_prompts(env_kwargs["prompts"], env_kwargs.get("prompt_column", "prompt"))
     start = time.perf_counter()
-    rows = _sample_rows(envs, sampler, prompts, episodes, num_envs, seed, progress)
+    rows = _sample_rows(envs, sampler, prompts, episodes, num_envs, seed, progress, autocast)
     seconds = time.perf_counter() - start
     beta = envs.unwrapped.kl_coef
     envs.close()
@@ -202,7 +207,7 @@ def _eval_settings(
 
 
 def _sample_rows(
-    envs, sampler, prompts: list[str], episodes: int, num_envs: int, seed: int, progress: bool | str
+    envs, sampler, prompts: list[str], episodes: int, num_envs: int, seed: int, progress: bool | str, autocast
 ) -> list[dict]:
     """``episodes`` rows of :func:`_rows`, the prompts taken in order (cycled) so every policy answers the same ones.
 
@@ -213,7 +218,8 @@ def _sample_rows(
         while len(rows) < episodes:
             k = min(num_envs, episodes - len(rows))
             batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
-            done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows))
+            done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows),
+                                    autocast=autocast)  # fmt: skip
             rows.extend(_rows(done, envs.unwrapped.max_prompt_tokens))
             bar.update(k)
     return rows

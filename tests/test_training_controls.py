@@ -216,3 +216,26 @@ def test_each_tokens_advantage_is_weighted_by_pi_old_over_pi_sampler(tmp_path):
     weight = (data["sample_log_prob"] - sampled).exp().clamp(max=1.05) * mask
     torch.testing.assert_close(data["advantage"][..., 0], seen["before"][..., 0] * weight)
     assert row["tis_capped_fraction"] > 0 and row["tis_weight_mean"] != 1.0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_periodic_evaluation_samples_in_the_runs_precision(tmp_path, monkeypatch, precision):
+    """The policy is measured in the precision it samples in during training (it was always fp32)."""
+    import contextlib
+
+    from textgym.agents import evaluate as evaluate_module
+
+    seen, real = [], evaluate_module.collect_episodes
+
+    def spy(*args, autocast=contextlib.nullcontext, **kwargs):
+        with autocast():
+            seen.append(torch.is_autocast_enabled("cpu"))
+        return real(*args, autocast=autocast, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "collect_episodes", spy)
+    trainer = Trainer.create(tiny(tmp_path, precision=precision, eval_episodes=4))
+    try:
+        assert math.isfinite(trainer.evaluate()["eval_score"])
+    finally:
+        trainer.close()
+    assert seen and set(seen) == {precision == "bf16"}

@@ -336,7 +336,7 @@ class Trainer:
 
         result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=cfg.env_id, seed=cfg.seed,
                           num_envs=min(cfg.num_envs, cfg.eval_episodes), device=str(self.device),
-                          **env_kwargs)  # fmt: skip
+                          autocast=self.autocast, **env_kwargs)  # fmt: skip
         return {f"eval_{k}": result[k][0] for k in ("score", "rm_score", "gold_score", "kl", "objective")}
 
     # ------------------------------------------------------------------ checkpoints
