@@ -43,9 +43,17 @@ ratio is printed beside it. torch keeps its default thread count (printed) unles
 and timings get very noisy (``--threads 1`` is steadier there). Results are printed, never
 asserted; the last line is ``ratio at N=64: X (target >= 0.9)`` (or says N=64 was not run).
 
+A real model: ``--config smollm2-sentiment`` takes a ``textgym train`` preset's env (model, chat
+prompts, reward model) and ``--model`` any model folder or name; ``--hf-fast`` also times Hugging
+Face's own fastest path on the same work (``cache_implementation="static"`` with the decode step
+under ``torch.compile``, as transformers documents for overhead-bound models), printed as the
+env's ratio to it.
+
 Usage::
 
     python bench/env_throughput.py                      # N = 1, 16, 64, 256; T = 32; 3 repeats
+    python bench/env_throughput.py --config smollm2-sentiment --num-envs 16 64 --max-new-tokens 48 --precision fp32
+    python bench/env_throughput.py --config smollm2-sentiment --num-envs 16 --max-new-tokens 48 --hf-fast
     python bench/env_throughput.py --precision fp32     # the policy's forwards in fp32 on both sides
     python bench/env_throughput.py --num-envs 16 --repeats 1
     python bench/env_throughput.py --quick              # tiny smoke run
@@ -107,6 +115,7 @@ class Case:
     attention_mask: Tensor  # (N, P)
     env_times: list[float] = field(default_factory=list)
     ref_times: list[float] = field(default_factory=list)
+    fast_times: list[float] = field(default_factory=list)  # --hf-fast: static cache + torch.compile
     env_tokens: int = 0
     ref_tokens: int = 0
     autocast: Callable[[], Any] = contextlib.nullcontext  # the policy's forwards on both sides (--precision)
@@ -117,18 +126,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int) -> Case:
+def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int,
+              env_kwargs: dict[str, Any] | None = None) -> Case:  # fmt: skip
     """Build the vector env for N slots, the policy over ``policy_model`` and the reference prompts."""
-    envs = gym.make_vec(
-        "TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point", max_new_tokens=max_new_tokens, device=device
-    )
+    envs = gym.make_vec("TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point",
+                        **{**(env_kwargs or {}), "max_new_tokens": max_new_tokens, "device": device})  # fmt: skip
     base = envs.unwrapped
     all_prompts = list(base.prompts)
     prompts = [all_prompts[i % len(all_prompts)] for i in range(n)]
     tok = base.tokenizer
-    bos = tok.bos_token_id if tok.bos_token_id is not None else base.eos_token_id
-    # The env's prompt encoding: the tokenizer's ids, BOS alone for an empty prompt.
-    encoded = [(tok(p)["input_ids"] if p else []) or [bos] for p in prompts]
+    encoded = base._engine.encode_prompts(prompts)  # the env's own encoding (chat template, BOS for "")
     input_ids, attention_mask = left_pad(tok, encoded, pad_id=base.pad_token_id)
     g = torch.Generator(device=device).manual_seed(seed)
     policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g)
@@ -214,8 +221,11 @@ def run_reference(case: Case, ref_model: Any, device: torch.device, seed: int) -
     return elapsed, generated
 
 
-def _generate(case: Case, T: int, eos: int, pad: int):
-    """The reference's sampling: ``generate`` with KV cache, exactly T tokens, the scores kept."""
+def _generate(case: Case, T: int, eos: int, pad: int, **fast):
+    """The reference's sampling: ``generate`` with KV cache, exactly T tokens, the scores kept.
+
+    ``fast``: ``cache_implementation="static"`` (and the model's forward compiled by the caller).
+    """
     base = case.envs.unwrapped
     return case.policy.model.generate(
         input_ids=case.input_ids,
@@ -231,24 +241,46 @@ def _generate(case: Case, T: int, eos: int, pad: int):
         use_cache=True,
         return_dict_in_generate=True,
         output_scores=True,
+        **fast,
     )
 
 
-def bench_case(case: Case, ref_model: Any, device: torch.device, repeats: int, seed: int) -> None:
-    """Warm up both sides once, then time ``repeats`` interleaved rounds."""
+@torch.no_grad()
+def run_hf_fast(case: Case, ref_model: Any, device: torch.device, seed: int) -> float:
+    """As :func:`run_reference`, with ``generate``'s static cache and compiled decode step; returns seconds."""
+    base = case.envs.unwrapped
+    rm_call = _reference_rm(base.reward_model)
+    torch.manual_seed(seed)
+    _sync(device)
+    start = time.perf_counter()
+    with case.autocast():
+        out = _generate(case, case.max_new_tokens, base.eos_token_id, base.pad_token_id,
+                        cache_implementation="static")  # fmt: skip
+    seq, prompt_len = out.sequences, case.input_ids.shape[1]
+    mask = torch.cat([case.attention_mask, torch.ones_like(seq[:, prompt_len:])], dim=1)
+    response_logprobs(ref_model, seq, mask, prompt_len)
+    rm_call(seq, mask, prompt_len, base.tokenizer)
+    _sync(device)
+    return time.perf_counter() - start
+
+
+def bench_case(case: Case, ref_model: Any, device: torch.device, repeats: int, seed: int, fast: bool = False) -> None:
+    """Warm up every side once (``fast``: compiling too), then time ``repeats`` interleaved rounds."""
+    sides = ("env", "ref", "fast") if fast else ("env", "ref")
     run_env(case, device)
     run_reference(case, ref_model, device, seed)
+    if fast:
+        run_hf_fast(case, ref_model, device, seed)
     for r in range(repeats):
-        order = ("env", "ref") if r % 2 == 0 else ("ref", "env")
-        for side in order:
+        for side in sides[r % len(sides) :] + sides[: r % len(sides)]:  # each side goes first in turn
             if side == "env":
-                dt, tokens = run_env(case, device)
+                dt, case.env_tokens = run_env(case, device)
                 case.env_times.append(dt)
-                case.env_tokens = tokens
-            else:
-                dt, tokens = run_reference(case, ref_model, device, seed + 1 + r)
+            elif side == "ref":
+                dt, case.ref_tokens = run_reference(case, ref_model, device, seed + 1 + r)
                 case.ref_times.append(dt)
-                case.ref_tokens = tokens
+            else:
+                case.fast_times.append(run_hf_fast(case, ref_model, device, seed + 1 + r))
 
 
 def report(case: Case) -> float:
@@ -261,9 +293,13 @@ def report(case: Case) -> float:
     env_med, ref_med = statistics.median(case.env_times), statistics.median(case.ref_times)
     ratio = ref_best / env_best  # = (tokens/env_best) / (tokens/ref_best) with equal token counts
     ratio_med = ref_med / env_med
+    fast = ""
+    if case.fast_times:  # same token count as the reference (exactly N·T)
+        fast_best = min(case.fast_times)
+        fast = f" {case.ref_tokens / fast_best:>12.1f} {fast_best / env_best:>8.3f}"
     print(
         f"{case.n:>5} {case.env_tokens:>7} {case.env_tokens / env_best:>12.1f} {case.env_tokens / env_med:>12.1f} "
-        f"{case.ref_tokens / ref_best:>12.1f} {case.ref_tokens / ref_med:>12.1f} {ratio:>8.3f} {ratio_med:>8.3f}",
+        f"{case.ref_tokens / ref_best:>12.1f} {case.ref_tokens / ref_med:>12.1f} {ratio:>8.3f} {ratio_med:>8.3f}{fast}",
         flush=True,
     )
     return ratio
@@ -274,6 +310,19 @@ def policy_autocast(precision: str, device: torch.device) -> Callable[[], Any]:
     if precision == "bf16" or (precision == "auto" and native_bf16(device)):
         return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext
+
+
+def env_settings(config: str | None, model: str | None) -> dict[str, Any]:
+    """The env arguments of a ``textgym train`` preset (none: the embedded task), ``model`` over them."""
+    kwargs: dict[str, Any] = {}
+    if config is not None:
+        from textgym.agents.ppo.config import PRESETS, PPOConfig
+
+        kwargs = PPOConfig(**PRESETS[config]).env_kwargs()
+        kwargs.pop("max_new_tokens")  # the bench's T
+    if model is not None:
+        kwargs["model"] = model
+    return kwargs
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -299,6 +348,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the policy's forwards on both sides (env sampling, generate): bf16 autocast or fp32; auto = bf16 where "
         "the device has native bf16, as `textgym train` does (default). π_ref scoring and the RM stay fp32",
     )  # fmt: skip
+    parser.add_argument("--config", default=None, help="a textgym train preset whose env to use (smollm2-sentiment: "
+                        "SmolLM2-135M, chat prompts, the response RM); default: the embedded task")  # fmt: skip
+    parser.add_argument("--model", default=None, help="π_ref and the acting policy (a folder or a name such as "
+                        "smollm2-135m-instruct; default: the preset's, else the embedded LM)")  # fmt: skip
+    parser.add_argument("--hf-fast", action="store_true", help="also time generate with a static cache and the "
+                        "model's forward under torch.compile (HF's fastest path; compiling takes minutes)")  # fmt: skip
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else DEFAULT
     for key, value in defaults.items():
@@ -317,24 +372,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
-    policy_model = load_causal_lm(device=device)  # the acting copy of π_ref, separate from the env's
+    env_kwargs = env_settings(args.config, args.model)
+    policy_model = load_causal_lm(env_kwargs.get("model"), device=device)  # the acting copy, separate from the env's
+    if args.hf_fast:  # transformers' recipe: compile the forward, generate with a static cache
+        policy_model.forward = torch.compile(policy_model.forward)
     print(
         f"env throughput vs HF generate + π_ref scoring + RM | T={args.max_new_tokens} repeats={args.repeats} "
-        f"device={device} torch threads={torch.get_num_threads()} policy precision={args.precision} "
+        f"model={env_kwargs.get('model', 'embedded')} device={device} torch threads={torch.get_num_threads()} "
+        f"policy precision={args.precision} "
         f"({'bf16' if policy_autocast(args.precision, device) is not contextlib.nullcontext else 'fp32'})"
     )
     print("tok/s = generated tokens per wall second; ratio = env tok/s / reference tok/s (best; median)")
     print(
         f"{'N':>5} {'tokens':>7} {'env best':>12} {'env median':>12} {'ref best':>12} {'ref median':>12} "
-        f"{'ratio':>8} {'ratio md':>8}",
+        f"{'ratio':>8} {'ratio md':>8}" + (f" {'hf-fast best':>12} {'env/fast':>8}" if args.hf_fast else ""),
         flush=True,
     )
     ratios: dict[int, float] = {}
     for n in args.num_envs:
-        case = make_case(n, args.max_new_tokens, policy_model, device, args.seed)
+        case = make_case(n, args.max_new_tokens, policy_model, device, args.seed, env_kwargs)
         case.autocast = policy_autocast(args.precision, device)
         try:
-            bench_case(case, case.envs.unwrapped.model, device, args.repeats, args.seed)
+            bench_case(case, case.envs.unwrapped.model, device, args.repeats, args.seed, args.hf_fast)
         finally:
             case.envs.close()
         ratios[n] = report(case)

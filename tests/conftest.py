@@ -1,4 +1,6 @@
 import os
+import shutil
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -56,3 +58,20 @@ def run_episode(env, policy, seed=0, prompt=None):
         infos.append(info)
         if term or trunc:
             return observations, np.array(actions), np.array(rewards), infos
+
+
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    """A finished tiny run (one per test module): 2 iterations, a checkpoint after each. Tests work on copies."""
+    from textgym.agents.ppo import PPOConfig, train
+    from textgym.agents.ppo.config import PRESETS
+
+    out = tmp_path_factory.mktemp("done") / "run"
+    train(PPOConfig(**{**PRESETS["tiny"], "out": str(out), "checkpoint_every": 1}))
+    return out
+
+
+@pytest.fixture
+def run(done_run, tmp_path):
+    """A copy of ``done_run`` a test may change."""
+    return Path(shutil.copytree(done_run, tmp_path / "run"))

@@ -162,6 +162,7 @@ def test_cli_errors_name_the_argument():
         ["examples/reasoning_gym_verifier.py", "--problems", "64", "--iterations", "2", "--out", "{tmp}/rg"],
         ["bench/ppo_iteration.py", "--quick"],
         ["bench/env_throughput.py", "--quick"],
+        ["bench/profile_iteration.py", "--config", "tiny", "--num-envs", "4", "--max-new-tokens", "4", "--rows", "3"],
         ["bench/rm_ceiling.py", "--quick"],
     ],
     ids=lambda c: Path(c[0]).stem,

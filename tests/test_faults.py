@@ -61,19 +61,6 @@ def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def done_run(tmp_path_factory):
-    """A finished tiny run: 2 iterations, a checkpoint after each. Tests work on copies."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train(tiny(out))
-    return out
-
-
-@pytest.fixture
-def run(done_run, tmp_path):
-    return Path(shutil.copytree(done_run, tmp_path / "run"))
-
-
 # ---------------------------------------------------------------- 1. a crash during the last save
 def test_exports_left_behind_by_a_crash_in_the_last_save_are_re_exported_on_resume(run):
     """A kill after the last save's checkpoint swap, before its policy/ and value/ swaps, leaves the exports an

@@ -22,19 +22,6 @@ def rows(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def done_run(tmp_path_factory):
-    """A finished tiny run: 2 iterations, a checkpoint after each. Tests work on copies."""
-    out = tmp_path_factory.mktemp("done") / "run"
-    train(tiny(out))
-    return out
-
-
-@pytest.fixture
-def run(done_run, tmp_path):
-    return Path(shutil.copytree(done_run, tmp_path / "run"))
-
-
-@pytest.fixture(scope="module")
 def trainer(tmp_path_factory):
     """A trainer of the same run with other learning rates, to load checkpoints into."""
     return Trainer.create(tiny(tmp_path_factory.mktemp("t") / "run", learning_rate=3e-4, critic_learning_rate=5e-4))

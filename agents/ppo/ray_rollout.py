@@ -337,13 +337,16 @@ class RolloutPool:
 
 # ---------------------------------------------------------------------- the rollout sources (see .sources)
 class RayRollouts:
-    """Each rollout on the pool's workers with the current weights and β; the learner waits for it."""
+    """Each rollout on the pool's workers with the current weights and β; the learner waits for it.
+
+    The workers sample with samplers of their own (seeded per worker): ``collect``'s ``sampler`` is unused.
+    """
 
     def __init__(self, pool: RolloutPool, cfg: PPOConfig):
         self.pool, self.cfg = pool, cfg
 
-    def collect(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None, draw,
-                timing: dict[str, float]) -> TensorDict:  # fmt: skip
+    def collect(self, policy: torch.nn.Module, sampler, beta: float, num_episodes: int | None, seed: int | None,
+                draw, timing: dict[str, float]) -> TensorDict:  # fmt: skip
         rollout = self._launch(policy, beta, num_episodes, seed, draw)
         episodes = self.pool.gather(rollout)
         timing.update(rollout.timing)
@@ -381,8 +384,8 @@ class AsyncRayRollouts(RayRollouts):
         self.pending: Rollout | None = None  # the next iteration's rollout, collecting while this one updates
         self.launched = 0  # rollouts started (the last iteration starts none ahead)
 
-    def collect(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None, draw,
-                timing: dict[str, float]) -> TensorDict:  # fmt: skip
+    def collect(self, policy: torch.nn.Module, sampler, beta: float, num_episodes: int | None, seed: int | None,
+                draw, timing: dict[str, float]) -> TensorDict:  # fmt: skip
         """The rollout collected ahead (the first one now), its env rewards brought to β; the next one started.
 
         Raises:

@@ -108,8 +108,7 @@ class Trainer:
                       env_overrides=dict(env_overrides or {}))  # fmt: skip
         actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
         if distributed.is_main():  # rank 0 collects every rollout
-            trainer.rollouts = make_rollouts(cfg, envs, sampler, trainer.autocast, trainer.env_overrides, device,
-                                             trainer.bf16)  # fmt: skip
+            trainer.rollouts = make_rollouts(cfg, envs, trainer.autocast, trainer.env_overrides, device, trainer.bf16)
         return trainer
 
     @property
@@ -200,7 +199,9 @@ class Trainer:
         episodes = None
         if distributed.is_main():
             draw = partial(self.estimator.prompts, self.envs)  # the learner's slots draw every prompt
-            episodes = self.rollouts.collect(self.policy, self.last_beta, num_episodes, seed, draw, timing)
+            episodes = self.rollouts.collect(
+                self.policy, self.sampler, self.last_beta, num_episodes, seed, draw, timing
+            )
         episodes, shared = distributed.broadcast_object((episodes, dict(timing)))
         timing.update(shared)
         return episodes
