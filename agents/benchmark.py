@@ -23,7 +23,7 @@ that fit at the length cap, SB3 learns whole rollouts of ``n_steps × n_envs`` t
 
 An algorithm is a small registered adapter: ``train(ctx) -> policy factory``. It trains within
 ``ctx.budget`` env steps (``ctx.episodes_that_fit(steps)``), reports its learning curve with
-``ctx.log(env_steps, score, gold, kl)`` (its training episodes' means; gold and KL feed the
+``ctx.log(env_steps, score, gold_score, kl)`` (its training episodes' means; gold and KL feed the
 frontier), may add env arguments it trains with to ``ctx.env_kwargs`` (the evaluation uses the
 same ones), and returns ``factory(envs)`` building a policy with
 ``act(obs) -> (actions, log-probs)`` and ``reset()`` for the eval env. Add your own::
@@ -140,11 +140,12 @@ class RunContext:
         """The registered env of the task (train with ``gym.make(ctx.env_id, **ctx.env_kwargs)``)."""
         return self.task.env_id
 
-    def log(self, env_steps: int, score: float, gold: float = math.nan, kl: float = math.nan) -> None:
+    def log(self, env_steps: int, score: float, gold_score: float = math.nan, kl: float = math.nan) -> None:
         """Record training episodes' means after ``env_steps``: the RM score (as the env pays it), the
         gold score and KL(π‖π_ref) per sequence of the policy that sampled them (for the frontier)."""
         self.env_steps = int(env_steps)
-        self.curve.append({"env_steps": int(env_steps), "score": float(score), "gold": float(gold), "kl": float(kl)})
+        self.curve.append({"env_steps": int(env_steps), "score": float(score), "gold_score": float(gold_score),
+                           "kl": float(kl)})  # fmt: skip
 
     def episodes_that_fit(self, env_steps: int) -> int:
         """Episodes (at most ``num_envs``) that fit in the budget left even if all reach the length cap."""
@@ -316,8 +317,8 @@ def _reference(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, float]]:
     rm = np.array([r["rm_score"] for r in rows])
     gold = float(np.nanmean([r["gold_score"] for r in rows]))
     if task.normalize:
-        return {**kwargs, "normalize_reward": (float(rm.mean()), float(rm.std()))}, {"score": 0.0, "gold": gold}
-    return {**kwargs, "normalize_reward": False}, {"score": float(rm.mean()), "gold": gold}
+        return {**kwargs, "normalize_reward": (float(rm.mean()), float(rm.std()))}, {"score": 0.0, "gold_score": gold}
+    return {**kwargs, "normalize_reward": False}, {"score": float(rm.mean()), "gold_score": gold}
 
 
 def run_benchmark(cfg: BenchConfig) -> list[dict]:
@@ -368,14 +369,18 @@ def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
     if frontier_kl is not None:
         setup["frontier_kl"] = frontier_kl
     setup["frontier_window"] = frontier_window(setup["max_new_tokens"])  # this version's pooling
+    _rename_gold(setup["reference"])
     (out / "env.json").write_text(json.dumps(setup) + "\n")
+    named = json.loads((out / "curves.json").read_text())
+    for point in (p for c in named.values() for p in c):
+        _rename_gold(point)
+    (out / "curves.json").write_text(json.dumps(named) + "\n")
     known = {k: setup[k] for k in ("budget", "eval_episodes", "frontier_kl", "kl_coef", "max_new_tokens") if k in setup}
     with (out / "results.csv").open() as f:
         rows = [{k: v if k == "algo" else float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     cfg = BenchConfig(task=setup["task"], algos=list(dict.fromkeys(r["algo"] for r in rows)),
                       seeds=sorted({int(r["seed"]) for r in rows}), **known)  # fmt: skip
-    curves = {(name.split("/")[0], int(name.split("/")[1])): c
-              for name, c in json.loads((out / "curves.json").read_text()).items()}  # fmt: skip
+    curves = {(name.split("/")[0], int(name.split("/")[1])): c for name, c in named.items()}
     for row in rows:
         row["seed"] = int(row["seed"])
         fit = run_frontier(curves[(row["algo"], row["seed"])], setup["reference"], cfg.frontier_kl,
@@ -383,3 +388,9 @@ def refit(out: str | Path, frontier_kl: float | None = None) -> list[dict]:
         row.update({k: round(v, 4) for k, v in fit.items()})
     write_outputs(rows, curves, out, cfg, setup["reference"], TASKS[cfg.task].env_id)
     return rows
+
+
+def _rename_gold(point: dict) -> None:
+    """A benchmark written before the curves said ``gold_score`` (the metrics' name) called it ``gold``."""
+    if "gold" in point and "gold_score" not in point:
+        point["gold_score"] = point.pop("gold")

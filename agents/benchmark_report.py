@@ -53,7 +53,7 @@ def write_frontier_table(out: str | Path, fractions: tuple[float, ...] = (0.125,
     window = setup.get("frontier_window", 0)
     for algo in dict.fromkeys(name.split("/")[0] for name in curves):
         runs = [c for name, c in curves.items() if name.split("/")[0] == algo]
-        fits = [fit_run(c, setup["reference"], "gold", window) for c in runs]
+        fits = [fit_run(c, setup["reference"], "gold_score", window) for c in runs]
         fits = [f for f in fits if f is not None]
         if fits:
             cells = [_cell([frontier_at(alpha, beta, d, math.sqrt(k)) for d, alpha, beta in fits]) for k in budgets]
@@ -165,7 +165,7 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold", "gold − π_ref's")):
+    for ax, key, title in ((axes[0], "score", "proxy (RM score) − π_ref's"), (axes[1], "gold_score", "gold − π_ref's")):
         unfitted: list[str] = []
         for i, algo in enumerate(dict.fromkeys(a for a, _ in curves)):
             d, r = _frontier_points(curves, algo, baseline, key, window)

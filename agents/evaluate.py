@@ -251,7 +251,7 @@ def _summary(rows: list[dict], beta: float, seconds: float) -> dict[str, Any]:
     result["episodes"] = len(rows)
     result["samples"] = [
         {"prompt": r["prompt"], "response": r["response"], "score": float(r["score_reward"]),
-         "gold": float(r["gold_score"]), "kl": float(r["kl"])}
+         "gold_score": float(r["gold_score"]), "kl": float(r["kl"])}
         for r in rows[:8]
     ]  # fmt: skip
     return result

@@ -85,7 +85,7 @@ def frontier_auc(alpha: float, beta: float, d_points, kl_max: float, points: int
 
 
 MIN_POINTS = 3  # points with d > 0 a fit needs: two parameters and one degree of freedom
-_KEYS = ("kl", "score", "gold")
+_KEYS = ("kl", "score", "gold_score")  # a curve point's fields besides env_steps: the metrics rows' names
 
 
 def pool_points(curve: list[dict], window: int) -> list[dict]:
@@ -124,7 +124,7 @@ def _mean_point(group: list[tuple[int, dict]]) -> dict:
 
 def fit_run(curve: list[dict], baseline: dict[str, float], key: str,
             window: int = 0) -> tuple[np.ndarray, float, float] | None:  # fmt: skip
-    """(d of every point, α, β) of one run's ``key`` reward (``"gold"`` or ``"score"``) relative to π_ref's.
+    """(d of every point, α, β) of one run's ``key`` reward (``"gold_score"`` or ``"score"``) relative to π_ref's.
 
     Points without a KL or reward (NaN) are left out, the rest pooled (:func:`pool_points`); a run
     with fewer than ``MIN_POINTS`` with d > 0 has no fit (None).
@@ -137,16 +137,16 @@ def fit_run(curve: list[dict], baseline: dict[str, float], key: str,
 
 
 def run_frontier(curve: list[dict], baseline: dict[str, float], kl_max: float, window: int = 0) -> dict[str, float]:
-    """Fit and AUC of one run's logged ``{"kl", "score", "gold"}`` points, rewards taken relative to π_ref's.
+    """Fit and AUC of one run's logged ``{"kl", "score", "gold_score"}`` points, rewards taken relative to π_ref's.
 
-    ``baseline`` holds π_ref's ``score`` and ``gold``; ``window`` pools the points
+    ``baseline`` holds π_ref's ``score`` and ``gold_score``; ``window`` pools the points
     (:func:`pool_points`). A run without a fit (:func:`fit_run`) gets NaN: a run that did not
     train has no frontier. ``kl_max``: the AUC's KL budget in nats. Returns ``gold_auc``,
     ``proxy_auc`` (mean gain over KL ∈ [0, kl_max]), ``gold_alpha``, ``gold_beta``, ``d_reached``.
     """
     out = {"gold_auc": math.nan, "proxy_auc": math.nan, "gold_alpha": math.nan, "gold_beta": math.nan,
            "d_reached": math.nan}  # fmt: skip
-    for key, name in (("gold", "gold"), ("score", "proxy")):
+    for key, name in (("gold_score", "gold"), ("score", "proxy")):
         fit = fit_run(curve, baseline, key, window)
         if fit is None:
             return out

@@ -116,6 +116,7 @@ class Case:
     env_times: list[float] = field(default_factory=list)
     ref_times: list[float] = field(default_factory=list)
     fast_times: list[float] = field(default_factory=list)  # --hf-fast: static cache + torch.compile
+    fast_model: Any = None  # --hf-fast: a copy of the policy whose forward is compiled (the other sides stay eager)
     env_tokens: int = 0
     ref_tokens: int = 0
     autocast: Callable[[], Any] = contextlib.nullcontext  # the policy's forwards on both sides (--precision)
@@ -221,13 +222,14 @@ def run_reference(case: Case, ref_model: Any, device: torch.device, seed: int) -
     return elapsed, generated
 
 
-def _generate(case: Case, T: int, eos: int, pad: int, **fast):
+def _generate(case: Case, T: int, eos: int, pad: int, model: Any = None, **fast):
     """The reference's sampling: ``generate`` with KV cache, exactly T tokens, the scores kept.
 
-    ``fast``: ``cache_implementation="static"`` (and the model's forward compiled by the caller).
+    ``model``: another copy of the policy (``--hf-fast``: its forward compiled); ``fast``:
+    ``cache_implementation="static"``.
     """
     base = case.envs.unwrapped
-    return case.policy.model.generate(
+    return (model or case.policy.model).generate(
         input_ids=case.input_ids,
         attention_mask=case.attention_mask,
         do_sample=True,
@@ -254,7 +256,7 @@ def run_hf_fast(case: Case, ref_model: Any, device: torch.device, seed: int) -> 
     _sync(device)
     start = time.perf_counter()
     with case.autocast():
-        out = _generate(case, case.max_new_tokens, base.eos_token_id, base.pad_token_id,
+        out = _generate(case, case.max_new_tokens, base.eos_token_id, base.pad_token_id, model=case.fast_model,
                         cache_implementation="static")  # fmt: skip
     seq, prompt_len = out.sequences, case.input_ids.shape[1]
     mask = torch.cat([case.attention_mask, torch.ones_like(seq[:, prompt_len:])], dim=1)
@@ -374,8 +376,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     t_start = time.perf_counter()
     env_kwargs = env_settings(args.config, args.model)
     policy_model = load_causal_lm(env_kwargs.get("model"), device=device)  # the acting copy, separate from the env's
-    if args.hf_fast:  # transformers' recipe: compile the forward, generate with a static cache
-        policy_model.forward = torch.compile(policy_model.forward)
+    fast_model = None
+    if args.hf_fast:  # transformers' recipe, on a copy of its own: compile the forward, generate with a static cache
+        fast_model = load_causal_lm(env_kwargs.get("model"), device=device)
+        fast_model.forward = torch.compile(fast_model.forward)
     print(
         f"env throughput vs HF generate + π_ref scoring + RM | T={args.max_new_tokens} repeats={args.repeats} "
         f"model={env_kwargs.get('model', 'embedded')} device={device} torch threads={torch.get_num_threads()} "
@@ -392,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for n in args.num_envs:
         case = make_case(n, args.max_new_tokens, policy_model, device, args.seed, env_kwargs)
         case.autocast = policy_autocast(args.precision, device)
+        case.fast_model = fast_model
         try:
             bench_case(case, case.envs.unwrapped.model, device, args.repeats, args.seed, args.hf_fast)
         finally:

@@ -38,7 +38,7 @@ def test_every_adapter_trains_and_evaluates_and_the_harness_writes_everything(tm
     for name, curve in curves.items():
         trained = not name.startswith(("reference", "random"))
         assert bool(curve) == trained, name
-        assert all(math.isfinite(p["gold"]) and math.isfinite(p["kl"]) for p in curve), name
+        assert all(math.isfinite(p["gold_score"]) and math.isfinite(p["kl"]) for p in curve), name
 
 
 def test_a_user_adapter_registers_and_runs(tmp_path):
@@ -130,19 +130,19 @@ def _frontier_figure(curves, monkeypatch, tmp_path):
         "Spy", (), {"__getattr__": lambda self, name: getattr(real, name), "close": lambda self, f: closed.append(f)}
     )
     monkeypatch.setattr(benchmark_report, "_pyplot", spy)
-    benchmark_report._plot_frontier(curves, {"score": 0.0, "gold": 0.0}, 2.0, 0, tmp_path, "sentiment")
+    benchmark_report._plot_frontier(curves, {"score": 0.0, "gold_score": 0.0}, 2.0, 0, tmp_path, "sentiment")
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
     return closed[0]
 
 
 def test_an_empty_frontier_says_why_on_the_plot(tmp_path, monkeypatch):
     """Issue 26.9: at ``bench --quick``'s budget no algorithm has the points a fit needs: the panels say so."""
-    few = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1, "gold": 0.1} for i in range(1, 3)]  # 2 < MIN_POINTS
+    few = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1, "gold_score": 0.1} for i in range(1, 3)]  # 2 < MIN_POINTS
     fig = _frontier_figure({("torchrl_ppo", 0): few, ("reference", 0): []}, monkeypatch, tmp_path)
     for ax in fig.axes:
         (note,) = [t.get_text() for t in ax.texts]
         assert "No algorithm has a frontier" in note and "Raise --budget" in note
-    many = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1 * i, "gold": 0.05 * i} for i in range(1, 9)]
+    many = [{"env_steps": 8 * i, "kl": 0.1 * i, "score": 0.1 * i, "gold_score": 0.05 * i} for i in range(1, 9)]
     fig = _frontier_figure({("torchrl_ppo", 0): many, ("grpo", 0): few, ("reference", 0): []}, monkeypatch, tmp_path)
     for ax in fig.axes:
         (note,) = [t.get_text() for t in ax.texts]  # the fitted curve is drawn; the note names the one left out

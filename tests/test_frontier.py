@@ -43,14 +43,15 @@ def test_the_fit_is_read_only_at_the_kls_a_run_reached():
 
 def test_a_run_is_fitted_relative_to_pi_ref_and_points_without_kl_are_left_out():
     d = np.array([0.0, 0.5, 1.0, 1.5])
-    curve = [{"env_steps": i, "kl": float(x * x), "score": 2.0 + 3 * x, "gold": 0.5 + x} for i, x in enumerate(d)]
-    curve.append({"env_steps": 9, "kl": math.nan, "score": 100.0, "gold": 100.0})  # e.g. a user's ctx.log(steps, score)
-    out = run_frontier(curve, {"score": 2.0, "gold": 0.5}, kl_max=1.0)
+    curve = [{"env_steps": i, "kl": float(x * x), "score": 2.0 + 3 * x, "gold_score": 0.5 + x} for i, x in enumerate(d)]
+    curve.append({"env_steps": 9, "kl": math.nan, "score": 100.0, "gold_score": 100.0})  # ctx.log(steps, score)
+    out = run_frontier(curve, {"score": 2.0, "gold_score": 0.5}, kl_max=1.0)
     assert out["gold_alpha"] == pytest.approx(1.0) and out["gold_beta"] == pytest.approx(0.0, abs=1e-12)
     # F over KL k: 0 on [0, 0.25), 0.5 on [0.25, 1), 1 at 1 (gold): mean 0.375; three times that (proxy)
     assert out["gold_auc"] == pytest.approx(0.375, abs=2e-3) and out["proxy_auc"] == pytest.approx(1.125, abs=6e-3)
     assert out["d_reached"] == 1.5
-    assert math.isnan(run_frontier(curve[:3], {"score": 0.0, "gold": 0.0}, kl_max=1.0)["gold_auc"])  # 2 points: no fit
+    no_fit = run_frontier(curve[:3], {"score": 0.0, "gold_score": 0.0}, kl_max=1.0)  # 2 points: no fit
+    assert math.isnan(no_fit["gold_auc"])
 
 
 def test_the_fit_refuses_too_few_points_and_negative_d():
@@ -67,7 +68,7 @@ def test_bench_on_the_arithmetic_task_fits_a_frontier_from_the_cli(tmp_path):
           "--num-envs", "8", "--eval-episodes", "8", "--out", str(tmp_path)])  # fmt: skip
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["env_id"] == "TextArithmetic-v0" and env["normalize_reward"] is False
-    assert 0.2 < env["reference"]["gold"] < 0.8  # π_ref's exact-answer rate, the frontier's origin
+    assert 0.2 < env["reference"]["gold_score"] < 0.8  # π_ref's exact-answer rate, the frontier's origin
     with (tmp_path / "results.csv").open() as f:
         rows = {r["algo"]: r for r in csv.DictReader(f)}
     grpo = rows["grpo"]
@@ -81,12 +82,12 @@ def test_the_frontier_at_a_kl_budget_and_the_table_of_who_leads_where(tmp_path):
     from textgym.agents.benchmark import write_frontier_table
 
     # "slow" gains 0.5·d up to d = 2 (KL 4); "fast" gains d but stops at d = 1 (KL 1)
-    curve = lambda slope, reach: [{"kl": d * d, "score": 0.0, "gold": 0.1 + slope * d}  # noqa: E731
+    curve = lambda slope, reach: [{"kl": d * d, "score": 0.0, "gold_score": 0.1 + slope * d}  # noqa: E731
                                   for d in np.linspace(0, reach, 5)]  # fmt: skip
     curves = {f"{a}/{s}": curve(slope, reach) for a, slope, reach in (("slow", 0.5, 2.0), ("fast", 1.0, 1.0))
               for s in (0, 1)}  # fmt: skip
     (tmp_path / "curves.json").write_text(json.dumps(curves))
-    (tmp_path / "env.json").write_text(json.dumps({"frontier_kl": 4.0, "reference": {"score": 0.0, "gold": 0.1}}))
+    (tmp_path / "env.json").write_text(json.dumps({"frontier_kl": 4.0, "reference": {"score": 0.0, "gold_score": 0.1}}))
     rows = {line.split("|")[1].strip(): line for line in write_frontier_table(tmp_path).splitlines()[2:]}
     cells = lambda algo: [float(c.split("±")[0]) for c in rows[algo].split("|")[2:-1]]  # noqa: E731
     # KL 0.5, 1, 2, 4: the fits read at the points reached (fast: d = 0.25 ... 1, slow: d = 0.5 ... 2)
@@ -102,7 +103,11 @@ def test_refit_recomputes_a_finished_benchmarks_frontier_from_its_files(tmp_path
     run_benchmark(BenchConfig(task="arithmetic", algos=["grpo"], seeds=[0, 1], budget=2048, num_envs=8,
                               eval_episodes=8, calibration_episodes=32, out=str(tmp_path)))  # fmt: skip
     before = (tmp_path / "results.csv").read_text()
+    for name in ("curves.json", "env.json"):  # as a benchmark written before the curves said gold_score
+        path = tmp_path / name
+        path.write_text(path.read_text().replace('"gold_score"', '"gold"'))
     assert refit(tmp_path)[0]["gold_auc"] == float(next(csv.DictReader(before.splitlines()))["gold_auc"])
+    assert '"gold"' not in (tmp_path / "curves.json").read_text() + (tmp_path / "env.json").read_text()
     main(["bench", "--refit", str(tmp_path), "--frontier-kl", "0.25"])
     curves = json.loads((tmp_path / "curves.json").read_text())
     setup = json.loads((tmp_path / "env.json").read_text())
@@ -120,11 +125,12 @@ def test_points_are_pooled_to_a_common_window_of_env_steps_weighted_by_their_ste
     from textgym.agents.frontier import pool_points
 
     rows = ((10, 0.0, 1.0), (30, 1.0, 0.0), (40, 2.0, 1.0), (45, 4.0, 0.0), (70, 0.5, 0.5))
-    curve = [{"env_steps": s, "kl": kl, "score": 0.0, "gold": g} for s, kl, g in rows]
+    curve = [{"env_steps": s, "kl": kl, "score": 0.0, "gold_score": g} for s, kl, g in rows]
     pooled = pool_points(curve, window=30)
     # [10 + 20 steps] then [10 + 5 + 25]: weights are the steps each point covers
     assert [p["env_steps"] for p in pooled] == [30, 70]
-    assert pooled[0]["kl"] == pytest.approx((10 * 0.0 + 20 * 1.0) / 30) and pooled[0]["gold"] == pytest.approx(1 / 3)
+    assert pooled[0]["kl"] == pytest.approx((10 * 0.0 + 20 * 1.0) / 30)
+    assert pooled[0]["gold_score"] == pytest.approx(1 / 3)
     assert pooled[1]["kl"] == pytest.approx((10 * 2.0 + 5 * 4.0 + 25 * 0.5) / 40)
     assert pool_points(curve, window=0) == curve  # no pooling
     assert len(pool_points(curve, window=65)) == 1  # a remainder under half a window joins the last point
