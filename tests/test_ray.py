@@ -6,7 +6,10 @@ take one CPU each, so every trainer is closed before the next one starts.
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +143,24 @@ def test_grpo_groups_and_lora_adapters_reach_the_workers(cluster, tmp_path):
     # the workers sampled iteration 2 with the updated adapters: their log-probs are the learner's
     assert rows[1]["approx_kl"] > 1e-4, "the update should move the policy, else this shows nothing"
     assert rows[1]["logprob_mismatch_max"] < 1e-4
+
+
+def test_a_textgym_checkout_in_the_working_directory_is_refused_before_the_workers_start(tmp_path):
+    """Issue 27.7: Ray puts the driver's working directory first on its workers' path, so a stale textgym/ there
+    made every worker fail with NameNotFound; the run now stops at once, naming the folder and the fix."""
+    (tmp_path / "textgym").mkdir()
+    (tmp_path / "textgym" / "__init__.py").write_text('"""another checkout"""\n')
+    textgym_cli = Path(sys.executable).with_name("textgym")
+    out = subprocess.run([str(textgym_cli), "train", "--config", "tiny", "--num-workers", "1", "--out", "run"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f"num_workers > 0 from {tmp_path}: its textgym/ folder would shadow" in out.stderr
+    assert "start the run from another folder" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_worker_that_imported_another_textgym_says_so():
+    from textgym.agents.ppo.ray_rollout import check_package_home, package_home
+
+    check_package_home(package_home())  # the same package: nothing to say
+    with pytest.raises(ImportError, match=r"imported textgym from .* the learner from /elsewhere/textgym"):
+        check_package_home("/elsewhere/textgym")

@@ -26,6 +26,7 @@ import os
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -117,10 +118,14 @@ class RolloutWorker:
         index: the worker's index (seeds its sampler with :func:`worker_seed`).
         num_slots: its env's ``num_envs``.
         bf16: sample under bf16 autocast (the learner's decision: one precision for the whole run).
+        learner_home: the folder the learner imported ``textgym`` from (:func:`package_home`): the worker
+            refuses to run another copy.
     """
 
     def __init__(self, config: dict[str, Any], env_overrides: dict[str, Any], index: int, num_slots: int,
-                 bf16: bool):  # fmt: skip
+                 bf16: bool, learner_home: str | None = None):  # fmt: skip
+        if learner_home is not None:
+            check_package_home(learner_home)
         from textgym.models import resolve_device
         from textgym.policies import LMSampler
 
@@ -178,6 +183,48 @@ class RolloutWorker:
         self.envs.close()
 
 
+def package_home() -> str:
+    """The folder ``textgym`` was imported from in this process."""
+    import textgym
+
+    return str(Path(textgym.__file__).resolve().parent)
+
+
+def check_no_shadowing_checkout() -> None:
+    """Refuse, before Ray starts, a working directory whose ``textgym/`` would shadow this package on the workers.
+
+    Raises:
+        FileExistsError: naming the folder in the way, the package the learner runs, and the fix (see
+            :func:`check_package_home`).
+    """
+    found = Path.cwd() / "textgym" / "__init__.py"
+    if found.is_file() and str(found.resolve().parent) != package_home():
+        raise FileExistsError(
+            f"num_workers > 0 from {os.getcwd()}: its textgym/ folder would shadow the textgym this run imported "
+            f"({package_home()}) on Ray's workers (Ray puts the driver's working directory first on their path); "
+            "start the run from another folder"
+        )
+
+
+def check_package_home(learner_home: str) -> None:
+    """Refuse a worker that imported another ``textgym`` than the learner did.
+
+    Why: Ray puts the driver's working directory first on its workers' module path, so a ``textgym/``
+    folder there (a checkout, perhaps of another version) shadows the installed package on the workers
+    alone; they failed later with an unrelated error (the env id not registered) or would run other code.
+
+    Raises:
+        ImportError: naming both folders and the fix.
+    """
+    home = package_home()
+    if home != learner_home:
+        raise ImportError(
+            f"this Ray rollout worker imported textgym from {home}, the learner from {learner_home}: the textgym/ "
+            f"folder in the working directory ({os.getcwd()}) shadows the learner's package on Ray's workers (Ray "
+            "puts the driver's working directory first on their path); start the run from another folder"
+        )
+
+
 def _assigned_cpus() -> int:
     """The CPUs Ray assigned to this actor (1 outside Ray)."""
     import ray
@@ -230,6 +277,7 @@ class RolloutPool:
             import ray
         except ImportError as err:
             raise ModuleNotFoundError(f"num_workers={cfg.num_workers} needs Ray: pip install 'textgym[ray]'") from err
+        check_no_shadowing_checkout()
         self.ray = ray
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
@@ -245,7 +293,8 @@ class RolloutPool:
         self.replaced = 0  # workers replaced after dying (over the pool's life)
 
     def _start(self, index: int):
-        return self.actor_cls.remote(self.cfg.to_dict(), self.env_overrides, index, len(self.slots[index]), self.bf16)
+        return self.actor_cls.remote(self.cfg.to_dict(), self.env_overrides, index, len(self.slots[index]), self.bf16,
+                                     package_home())  # fmt: skip
 
     # -- one rollout
     def launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, prompts: list[str] | None,
