@@ -376,3 +376,17 @@ def test_normalisation_with_given_mean_and_std():
     assert info["score_reward"] == pytest.approx((info["rm_score"] - 1.0) / 2.0)
     with pytest.raises(ValueError, match=r"normalize_reward=\(1.0, 0.0\) must be a bool, None or a \(mean, std > 0\)"):
         gym.make("TextRLHF-v0", normalize_reward=(1.0, 0.0))
+
+
+def test_the_shipped_review_request_sets_are_what_their_templates_write():
+    """Issue 25: a held-out set worded unlike the training requests, reproducible from the opening files."""
+    from textgym.assets import PROMPT_SETS
+    from textgym.assets.review_requests import TEMPLATES, request_lines
+    from textgym.envs import load_prompts
+
+    for name in TEMPLATES:
+        assert PROMPT_SETS[name].read_text(encoding="utf-8").splitlines() == request_lines(name)
+    reworded = load_prompts("review-requests-reworded")
+    assert reworded[0] == 'Tell a friend what you thought of a movie you just saw, starting with "The movie was".'
+    assert len(reworded) == len(load_prompts("review-requests-eval"))  # the same held-out openings
+    assert not set(reworded) & set(load_prompts("review-requests"))

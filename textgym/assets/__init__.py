@@ -20,10 +20,12 @@ ARITH_EVAL = ASSETS / "data" / "arith_eval.txt"
 # The held-out prompts each registered env is evaluated on (disjoint from its train prompts).
 EVAL_PROMPTS_BY_ENV = {"TextRLHF-v0": EVAL_PROMPTS, "TextArithmetic-v0": ARITH_EVAL}
 # Shipped prompt sets by name (``prompts="review-requests"``): the review openings as instructions to a
-# chat model ('Write a short movie review that begins with "The movie".'), train and eval splits.
+# chat model ('Write a short movie review that begins with "The movie".'), train and eval splits, and the
+# eval openings asked in other words (written by textgym.assets.review_requests).
 PROMPT_SETS = {
     "review-requests": ASSETS / "data" / "review_requests_train.txt",
     "review-requests-eval": ASSETS / "data" / "review_requests_eval.txt",
+    "review-requests-reworded": ASSETS / "data" / "review_requests_reworded.txt",
 }
 
 __all__ = [
