@@ -92,3 +92,12 @@ def test_plot_metrics_writes_the_png_and_refuses_an_empty_run(tmp_path):
     assert plot_metrics(tmp_path / "run") == tmp_path / "run" / "curves.png"
     with pytest.raises(ValueError, match="metrics.jsonl holds no iterations"):
         plot_metrics(write_run(tmp_path / "empty", target_kl=6.0, rows=[]))
+
+
+def test_the_score_panel_says_whether_the_run_paid_the_raw_rm_score(tmp_path):
+    """The SmolLM2 preset pays the raw RM score (normalize_reward false): its panel said "normalised"."""
+    run = write_run(tmp_path / "standardised", target_kl=None)
+    assert curves_figure(run).axes[0].get_title() == "RM score (standardised under π_ref)"
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "normalize_reward": False}))
+    assert curves_figure(run).axes[0].get_title() == "RM score (raw)"

@@ -43,8 +43,9 @@ def curves_figure(run_dir: str | Path) -> Figure:
     it = [r["iteration"] for r in rows]
     fig = Figure(figsize=(14, 5.2))
     axes = fig.subplots(1, 3)
-    panels = (("score", "RM score (normalised under π_ref)"), ("gold_score", "gold score (VADER)"),
-              ("kl", "KL(π ‖ π_ref) per sequence (nats)"))  # fmt: skip
+    raw = config.get("normalize_reward") is False  # a run that pays the RM's raw score (the SmolLM2 preset)
+    panels = (("score", "RM score (raw)" if raw else "RM score (standardised under π_ref)"),
+              ("gold_score", "gold score"), ("kl", "KL(π ‖ π_ref) per sequence (nats)"))  # fmt: skip
     for ax, (key, title) in zip(axes, panels):
         ax.plot(it, [r[key] for r in rows], marker=".", label="policy: training rollouts (train prompts)")
         if key in ref and key != "kl":
