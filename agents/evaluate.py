@@ -20,7 +20,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym.envs import load_prompts
-from textgym.episodes import collect_episodes, make_episode_envs
+from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
 from textgym.rewards import registered_names
@@ -116,7 +116,7 @@ def _check_vocabulary(policy: str, model, env) -> None:
 
 def _rows(episodes, prompt_len: int) -> list[dict]:
     """One dict per episode: scores, text, response ids and the sequence's KL estimate."""
-    kl = ((episodes["sample_log_prob"] - episodes["ref_logprob"]) * episodes["mask"]).sum(1)  # (B,)
+    kl = sequence_kl(episodes)  # (B,)
     rows = []
     for i in range(episodes.batch_size[0]):
         n = int(episodes["response_length"][i])

@@ -123,7 +123,7 @@ def cmd_play(args: argparse.Namespace) -> None:
     import torch
 
     import textgym  # noqa: F401
-    from textgym.episodes import collect_episodes, make_episode_envs
+    from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
     from textgym.policies import LMSampler
 
     envs = make_episode_envs("TextRLHF-v0", 1, **_env_kwargs(args))
@@ -131,8 +131,9 @@ def cmd_play(args: argparse.Namespace) -> None:
                                generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
     normalised = envs.unwrapped._engine.norm is not None
     for episode in range(args.episodes):
-        ep = collect_episodes(envs, policy, seed=args.seed + episode)[0]
-        kl = round(float(((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum()), 3) + 0.0  # no "-0.000"
+        done = collect_episodes(envs, policy, seed=args.seed + episode)
+        ep = done[0]
+        kl = round(float(sequence_kl(done)[0]), 3) + 0.0  # no "-0.000"
         score = f" (normalised {float(ep['score_reward']):+.2f})" if normalised else ""
         print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
         print(f"     rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  "
