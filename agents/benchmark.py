@@ -7,15 +7,18 @@ Tasks (``TASKS``): ``sentiment`` (TextRLHF-v0: learned RM as the proxy, VADER as
 
 Beside the final eval scores, each run is summarised by its reward–KL frontier (Gao et al.
 2022; :mod:`textgym.agents.frontier`): the training episodes' proxy and gold reward against
-d = √KL(π‖π_ref), fitted by R(d) = d(α − β log d), and the area under the gold frontier up to a
-fixed KL (``frontier_kl``) — which asks how much gold an algorithm buys per unit of divergence,
-not only where it stopped.
+d = √KL(π‖π_ref), fitted by R(d) = d(α − β log d), and ``gold_auc``, the gold frontier's mean gain
+over KL ∈ [0, ``frontier_kl``] nats — which asks how much gold an algorithm buys for its
+divergence, not only where it stopped.
 
-Every built-in optimises E[score] − β·KL(π‖π_ref) with the same fixed β, by the same route: the
-env pays β·log π_ref(a_t|s_t) per token and each agent adds −β·log π(a_t|s_t) of its own sample
-(the k1 per-token reward, whose expected gradient is exactly the objective's): ``torchrl_ppo``,
-``grpo``, ``rloo`` and ``reinforce`` in their per-token rewards, the SB3 algorithms through
+Every built-in pays the same fixed β on KL(π‖π_ref), by the same route: the env pays
+β·log π_ref(a_t|s_t) per token and each agent adds −β·log π(a_t|s_t) of its own sample (the k1
+per-token reward, whose expected gradient is exactly −β·∇KL): ``torchrl_ppo``, ``grpo``, ``rloo``
+and ``reinforce`` in their per-token rewards, the SB3 algorithms through
 :class:`textgym.agents.sb3.KLPenaltyCallback` (ent_coef = 0; an entropy bonus is not equivalent).
+All but ``grpo`` optimise E[score] − β·KL; ``grpo`` runs its default ``grpo_scale="std"``, which
+divides each group's centred score by the group's std (the KL part stays at β), so it follows no
+closed-form objective (``grpo_scale="none"`` would).
 
 Budget: an algorithm is charged one env step per generated token of its training episodes, and
 never takes more than ``budget``: episode-batch learners shrink their last batch to the episodes

@@ -83,7 +83,17 @@ def test_two_benchmark_invocations_give_identical_tables(tmp_path):
 
 def test_omp_num_threads_set_by_the_user_is_the_default_and_deterministic_mode_is_given_back(tmp_path, monkeypatch):
     """torchrun sets OMP_NUM_THREADS=1 per rank: a run without --threads takes it rather than one per core."""
+    from textgym.agents.ppo.trainer import Trainer
+
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    modes = []
+    iteration = Trainer.iteration
+
+    def spy(self, *args, **kwargs):
+        modes.append(torch.are_deterministic_algorithms_enabled())
+        return iteration(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "iteration", spy)
     before = torch.get_num_threads()
     torch.set_num_threads(1)  # what torch read from OMP_NUM_THREADS at import
     try:
@@ -92,6 +102,7 @@ def test_omp_num_threads_set_by_the_user_is_the_default_and_deterministic_mode_i
     finally:
         torch.set_num_threads(before)
     assert cfg.threads == 1 and json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == 1
+    assert modes and all(modes)  # --deterministic: torch's deterministic algorithms during every iteration
     assert not torch.are_deterministic_algorithms_enabled()  # the caller's mode, given back
 
 

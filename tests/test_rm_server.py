@@ -425,3 +425,28 @@ def test_a_failed_request_leaves_the_env_step_retryable():
         env.step(env.unwrapped.eos_token_id)
     _, _, terminated, _, info = env.step(env.unwrapped.eos_token_id)
     assert terminated and info["rm_score"] == 0.25
+
+
+def test_a_vector_env_sends_one_request_per_step_that_finishes_episodes():
+    """Every episode that ends at a step goes in that step's one request: no request per episode."""
+    from collections import Counter
+
+    import torch
+
+    from textgym.episodes import collect_episodes, make_episode_envs
+    from textgym.policies import LMSampler
+
+    sizes = []
+
+    def handler(request):
+        n = len(json.loads(request.content)["responses"])
+        sizes.append(n)
+        return httpx.Response(200, json={"rewards": [0.5] * n})
+
+    envs = make_episode_envs("TextRLHF-v0", 8, max_new_tokens=6, reward_model=mock(handler), normalize_reward=False)
+    policy = LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(0))
+    done = collect_episodes(envs, policy, seed=0)
+    envs.close()
+    finished_at = Counter(int(n) for n in done["response_length"])  # the step each episode ended on
+    assert sizes == [finished_at[step] for step in sorted(finished_at)]
+    assert sum(sizes) == 8 and (done["rm_score"] == 0.5).all()
