@@ -28,7 +28,7 @@ from textgym.rewards import registered_names
 __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings", "run_settings_note"]
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
-ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "env_id",
+ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "gold_scorer", "env_id",
                 "chat_template", "normalize_reward", "eval_prompts")  # fmt: skip
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
@@ -51,12 +51,14 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
         return {}
     run = json.loads(path.read_text())
     run = {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
-    if "reward_model" not in given and _names_code(run.get("reward_model")):
-        raise ValueError(
-            f"{path} names reward_model={run['reward_model']!r}, a 'module:attr' that would be imported (its code "
-            "run); a run-info file may name a reward model only by a registered name or a path to weights. If you "
-            f"trust it, pass it yourself: --reward-model {run['reward_model']!r} (Python: reward_model=...)"
-        )
+    for name in ("reward_model", "gold_scorer"):
+        if name not in given and _names_code(run.get(name)):
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(
+                f"{path} names {name}={run[name]!r}, a 'module:attr' that would be imported (its code run); a "
+                "run-info file may name a reward model only by a registered name or a path to weights. If you "
+                f"trust it, pass it yourself: {flag} {run[name]!r} (Python: {name}=...)"
+            )
     return run
 
 

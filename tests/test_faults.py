@@ -183,6 +183,22 @@ def test_a_module_attr_reward_model_in_a_run_info_file_is_refused(done_run, tmp_
     assert marker.exists() and result["rm_score"][0] == 0.0
 
 
+def test_the_gold_scorer_of_a_run_info_file_is_taken_by_name_and_refused_as_code(done_run, tmp_path, monkeypatch):
+    """A run trained with gold_scorer= is evaluated with it; a 'module:attr' there runs no code either."""
+    from textgym.agents.evaluate import evaluate
+
+    pol = Path(shutil.copytree(done_run / "policy", tmp_path / "pol"))
+    info = json.loads((pol / "textgym_run.json").read_text())
+    (pol / "textgym_run.json").write_text(json.dumps({**info, "gold_scorer": "length"}))
+    result = evaluate(str(pol), episodes=2, num_envs=2)
+    for sample in result["samples"]:  # LengthReward's -|words - 20| / 20, not VADER's compound score
+        assert sample["gold_score"] == pytest.approx(-abs(len(sample["response"].split()) - 20) / 20)
+    (pol / "textgym_run.json").write_text(json.dumps({**info, "gold_scorer": "pol.evil:rm"}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"names gold_scorer='pol\.evil:rm'.*--gold-scorer 'pol\.evil:rm'"):
+        evaluate(str(pol), episodes=2, num_envs=2)
+
+
 def test_eval_prints_what_it_took_from_the_run_info(done_run, capsys):
     from textgym.cli import main
 

@@ -67,6 +67,8 @@ def _env_args(
 ) -> None:
     parser.add_argument("--model", default=None, help=model_help)
     parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    parser.add_argument("--gold-scorer", default=None, help="what gold_score measures, any reward_model route "
+                        "(default: the env's, VADER; for eval the run's)")  # fmt: skip
     parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file, a folder saved with datasets' "
                         "save_to_disk, or a cached dataset's NAME[:SPLIT] (default: embedded set)")  # fmt: skip
     parser.add_argument("--prompt-column", default=None, help="the .jsonl field or dataset column of the prompts "
@@ -79,7 +81,7 @@ def _env_args(
 def _env_kwargs(args: argparse.Namespace) -> dict:
     """The env arguments given on the command line (the env's own defaults for the others)."""
     kwargs = {"device": args.device}
-    for name in ("model", "reward_model", "prompts", "prompt_column", "max_new_tokens", "kl_coef"):
+    for name in ("model", "reward_model", "gold_scorer", "prompts", "prompt_column", "max_new_tokens", "kl_coef"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs

@@ -28,8 +28,8 @@ FIELD_GROUPS = {
                   "whiten_rewards", "max_grad_norm", "early_stop_kl"),
     "optimiser": ("learning_rate", "critic_learning_rate", "lr_schedule", "warmup_iterations", "lora_rank",
                   "lora_alpha"),
-    "env (the task)": ("env_id", "model", "reward_model", "prompts", "prompt_column", "eval_prompts", "chat_template",
-                       "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout"),
+    "env (the task)": ("env_id", "model", "reward_model", "gold_scorer", "prompts", "prompt_column", "eval_prompts",
+                       "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout"),
     "sampling": ("temperature", "top_k", "top_p"),
     "run": ("total_episodes", "num_envs", "seed", "device", "precision", "threads", "deterministic", "out", "resume",
             "checkpoint_every", "progress", "report_to", "samples_every", "num_samples", "eval_every",
@@ -75,6 +75,8 @@ class PPOConfig:
             ``TextArithmetic-v0`` (verifiable "a+b=" answers); its registered defaults apply.
         model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
         reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
+        gold_scorer: what ``gold_score`` measures beside the RM (the same routes; default: the env's, VADER
+            for ``TextRLHF-v0``); a verifiable task names its checker here too.
         prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
             name, ``NAME[:SPLIT]`` (default: the env's set).
         prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
@@ -164,6 +166,7 @@ class PPOConfig:
     env_id: str = "TextRLHF-v0"
     model: str | None = None
     reward_model: str | None = None
+    gold_scorer: str | None = None
     prompts: str | None = None
     prompt_column: str = "prompt"
     eval_prompts: str | None = None
@@ -314,7 +317,7 @@ class PPOConfig:
         """The ``gym.make`` arguments this config sets."""
         kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
                   "missing_eos_penalty": self.missing_eos_penalty, "reward_timeout": self.reward_timeout}  # fmt: skip
-        for name in ("model", "reward_model", "prompts"):
+        for name in ("model", "reward_model", "gold_scorer", "prompts"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         if self.prompt_column != "prompt":

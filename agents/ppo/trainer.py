@@ -386,7 +386,7 @@ class Trainer:
         info = {"env_id": cfg.env_id, "kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens,
                 "temperature": cfg.temperature,
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
-        settings = ("model", "reward_model", "top_k", "top_p", "eval_prompts", "normalize_reward")
+        settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward")
         info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
         if isinstance(norm := self.env_overrides.get("normalize_reward"), tuple | list):
             info["normalize_reward"] = list(norm)  # the run's own calibration: eval standardises alike

@@ -26,6 +26,8 @@ PROMPT_SETS = {
     "review-requests": ASSETS / "data" / "review_requests_train.txt",
     "review-requests-eval": ASSETS / "data" / "review_requests_eval.txt",
     "review-requests-reworded": ASSETS / "data" / "review_requests_reworded.txt",
+    "addition-requests": ASSETS / "data" / "addition_requests_train.txt",
+    "addition-requests-eval": ASSETS / "data" / "addition_requests_eval.txt",
 }
 
 __all__ = [

@@ -18,10 +18,11 @@ from textgym.rewards.builtin import (
 )
 from textgym.rewards.http import HTTPRewardModel
 from textgym.rewards.registry import ENTRY_POINT_GROUP, make_reward_model, register, registered_names
-from textgym.rewards.verifiers import ArithmeticVerifier  # registers "arithmetic"
+from textgym.rewards.verifiers import AdditionAnswerVerifier, ArithmeticVerifier  # registers both names
 from textgym.rewards.weighted import WeightedSumReward
 
 __all__ = [
+    "AdditionAnswerVerifier",
     "ArithmeticVerifier",
     "CallableRewardModel",
     "ENTRY_POINT_GROUP",

@@ -19,11 +19,12 @@ import re
 import numpy as np
 
 from textgym.assets import ARITH_PROXY_RM
+from textgym.rewards.answers import committed_answer
 from textgym.rewards.base import Episodes
 from textgym.rewards.builtin import HFRewardModel
 from textgym.rewards.registry import register
 
-__all__ = ["ArithmeticVerifier"]
+__all__ = ["AdditionAnswerVerifier", "ArithmeticVerifier"]
 
 _PROBLEM = re.compile(r"^\s*(-?\d+)\s*\+\s*(-?\d+)\s*=\s*$")
 
@@ -63,6 +64,41 @@ class ArithmeticVerifier:
 
 
 register("arithmetic", lambda **kwargs: ArithmeticVerifier())
+
+_ASKED_SUM = re.compile(r"(-?\d+)\s*\+\s*(-?\d+)")
+
+
+class AdditionAnswerVerifier:
+    """1.0 when a chat model's free-text response commits to the sum its prompt asks for, else 0.0.
+
+    For a chat model asked in words (``"What is 37 + 48?"``): the sum is the prompt's first
+    ``a + b``, the response's answer is the integer it commits to under the strict rules of
+    :mod:`textgym.rewards.answers` (one stated answer, or one number that is not an operand; a
+    response that lists or hedges commits to none and scores 0).
+
+    Raises:
+        ValueError: at scoring, a prompt with no ``a + b`` in it (it names the prompt).
+    """
+
+    name = "addition-answer"
+    shares_tokenizer = False
+
+    @staticmethod
+    def operands(prompt: str) -> tuple[int, int]:
+        match = _ASKED_SUM.search(prompt)
+        if match is None:
+            raise ValueError(f"prompt={prompt[:80]!r} asks for no sum of the form 'a + b'")
+        return int(match.group(1)), int(match.group(2))
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        out = []
+        for prompt, response in zip(episodes.prompts, episodes.responses):
+            a, b = self.operands(prompt)
+            out.append(float(committed_answer(response, (a, b)) == a + b))
+        return np.array(out, dtype=np.float64)
+
+
+register("addition-answer", lambda **kwargs: AdditionAnswerVerifier())
 
 
 def _arithmetic_proxy(**kwargs) -> HFRewardModel:
