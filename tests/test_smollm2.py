@@ -78,3 +78,51 @@ def test_two_ppo_iterations_of_the_smollm2_preset_move_the_weights(cache, tmp_pa
     assert abs(rows[0]["kl"]) < 1e-3  # the first rollout is π_ref's own
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
     trainer.envs.close()
+
+
+def test_a_lora_smollm2_run_keeps_adapters_only_and_resumes_to_the_uninterrupted_run(cache, tmp_path):
+    """Issue 25: a real model's LoRA checkpoint is small, and a run resumed from it equals one never stopped."""
+    from textgym.agents.ppo import PPOConfig, train
+    from textgym.agents.ppo.config import PRESETS
+
+    def cfg(out, episodes, resume=False):
+        return PPOConfig(**{**PRESETS["smollm2-sentiment"], "out": str(out), "num_envs": 2, "max_new_tokens": 4,
+                            "total_episodes": episodes, "ppo_epochs": 1, "num_minibatches": 1, "lora_rank": 4,
+                            "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_iterations": 0,
+                            "progress": False, "threads": 2,
+                            "checkpoint_every": 1, "resume": resume})  # fmt: skip
+
+    timing = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantage", "time_update")
+    whole = train(cfg(tmp_path / "whole", 6))
+    train(cfg(tmp_path / "cut", 2))  # stops after iteration 1 with its checkpoint, as a killed run leaves it
+    with pytest.warns(UserWarning, match="total_episodes changes"):
+        resumed = train(cfg(tmp_path / "cut", 6, resume=True))
+    assert len(whole) == 3 and whole[-1]["kl"] != 0.0
+    assert [{k: v for k, v in r.items() if k not in timing} for r in resumed] == [
+        {k: v for k, v in r.items() if k not in timing} for r in whole
+    ]
+    from safetensors import safe_open
+
+    folder = tmp_path / "cut" / "checkpoint"
+    for part in ("policy", "critic"):  # the adapters (and the critic's value head), no base weight
+        with safe_open(folder / part / "adapter_model.safetensors", "pt") as saved:
+            assert all("lora_" in key or "score" in key for key in saved.keys()), part
+    checkpoint = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    model = sum(f.stat().st_size for f in cache.rglob("*.safetensors"))
+    assert checkpoint < model / 10, (checkpoint, model)  # adapters and their AdamW moments: 30 MB of 538
+
+
+def test_two_grpo_iterations_of_the_smollm2_addition_preset_score_with_the_verifier(cache, tmp_path):
+    from textgym.agents.ppo import PPOConfig, Trainer
+    from textgym.agents.ppo.config import PRESETS
+
+    cfg = PPOConfig(**{**PRESETS["smollm2-addition-grpo"], "out": str(tmp_path), "num_envs": 4, "group_size": 2,
+                       "total_episodes": 8, "max_new_tokens": 6, "ppo_epochs": 1, "num_minibatches": 1,
+                       "warmup_iterations": 0, "progress": False})  # fmt: skip
+    trainer = Trainer.create(cfg)
+    assert trainer.envs.unwrapped.reward_model.name == trainer.envs.unwrapped.gold_scorer.name == "addition-answer"
+    rows = [trainer.iteration() for _ in range(2)]
+    for row in rows:
+        assert 0.0 <= row["rm_score"] <= 1.0 and row["gold_score"] == row["rm_score"]  # the verifier is both
+        assert all(np.isfinite(row[k]) for k in ("kl", "policy_loss", "approx_kl"))
+    trainer.envs.close()
