@@ -24,7 +24,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 demo: $(STAMP)
 	$(BIN)/textgym train --config demo --overwrite
