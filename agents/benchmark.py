@@ -99,11 +99,15 @@ class Task:
     ``normalize``: standardise the RM score under π_ref at these settings (a learned RM's scale is
     arbitrary); a verifier's 0/1 is left as it is. ``frontier_kl``: the KL budget (nats per
     sequence) the frontier's area is taken up to, about what the trained algorithms reach.
+    ``env``: further ``gym.make`` arguments (a real model, its prompts and chat template);
+    ``eval_prompts``: the prompt set the common evaluation samples (None: the training prompts);
+    ``agent``: further :class:`PPOConfig` fields of our agents. ``num_envs``, ``seeds`` and
+    ``calibration_episodes`` are the defaults a :class:`BenchConfig` takes, sized for 2 CPU cores.
     """
 
     env_id: str
     max_new_tokens: int
-    max_prompt_tokens: int
+    max_prompt_tokens: int | None  # None: the longest prompt's tokens
     kl_coef: float
     normalize: bool
     frontier_kl: float
@@ -111,6 +115,12 @@ class Task:
     agent_lr: float = 3e-4  # our TorchRL agents' policy step size (torchrl_ppo, grpo, rloo)
     agent_epochs: int = 4
     reward_model: str | None = None  # None: the env's own
+    env: dict[str, Any] = field(default_factory=dict)
+    eval_prompts: str | None = None
+    agent: dict[str, Any] = field(default_factory=dict)
+    num_envs: int = 32
+    seeds: tuple[int, ...] = (0, 1, 2)
+    calibration_episodes: int = 512
 
 
 TASKS = {
@@ -122,6 +132,16 @@ TASKS = {
     "arithmetic-proxy": Task("TextArithmetic-v0", max_new_tokens=4, max_prompt_tokens=8, kl_coef=0.05,
                              normalize=True, frontier_kl=4.0, budget=65536, agent_lr=1e-4, agent_epochs=2,
                              reward_model="arithmetic-proxy"),
+    # SmolLM2-135M-Instruct asked for reviews (smollm2-sentiment's env), the embedded RM on the response,
+    # VADER gold, judged on held-out requests; 21 iterations of 16 episodes per algorithm, 2 seeds
+    "smollm2-sentiment": Task("TextRLHF-v0", max_new_tokens=24, max_prompt_tokens=None, kl_coef=0.05,
+                              normalize=True, frontier_kl=8.0, budget=8192, agent_lr=1e-5, agent_epochs=2,
+                              env={"model": "smollm2-135m-instruct", "chat_template": True,
+                                   "prompts": "review-requests", "reward_model": "default-response"},
+                              eval_prompts="review-requests-eval",
+                              agent={"critic_learning_rate": 1e-5, "num_minibatches": 4, "warmup_iterations": 2,
+                                     "early_stop_kl": 0.05},
+                              num_envs=16, seeds=(0, 1), calibration_episodes=256),
 }  # fmt: skip
 
 
@@ -200,17 +220,26 @@ def _train_in_batches(ctx: RunContext, learner, multiple: int = 1) -> None:
 GROUP_SIZE = 4  # GRPO/RLOO: episodes per prompt in the benchmark
 
 
-def _agent(ctx: RunContext, algo: str):
-    """Our TorchRL agent with ``algo`` (PPO, or critic-free GRPO/RLOO) in the bench's env, on CPU like the others."""
-    from .ppo import PPOConfig, Trainer
+def agent_config(ctx: RunContext, algo: str):
+    """The PPOConfig our TorchRL agent trains with in the bench's env: the bench's defaults, then the task's
+    own tuning (a real model's preset), which wins; pure, so a test can read it without loading a model."""
+    from .ppo import PPOConfig
 
     kw = ctx.env_kwargs
-    cfg = PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
-                    env_id=ctx.env_id, algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"],
-                    kl_coef=kw["kl_coef"], target_kl=None, num_minibatches=2 if ctx.num_envs % 2 == 0 else 1,
-                    learning_rate=ctx.task.agent_lr, ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3,
-                    progress=False)  # fmt: skip
-    trainer = Trainer.create(cfg, env_overrides=kw)  # the very env every algorithm trains in
+    settings = dict(num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=ctx.task.agent_lr,
+                    ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3,
+                    **{k: ctx.task.env[k] for k in ("model", "chat_template") if k in ctx.task.env})  # fmt: skip
+    settings.update(ctx.task.agent)
+    return PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
+                     env_id=ctx.env_id, algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"],
+                     kl_coef=kw["kl_coef"], target_kl=None, progress=False, **settings)  # fmt: skip
+
+
+def _agent(ctx: RunContext, algo: str):
+    """Our TorchRL agent with ``algo`` (PPO, or critic-free GRPO/RLOO) in the bench's env, on CPU like the others."""
+    from .ppo import Trainer
+
+    trainer = Trainer.create(agent_config(ctx, algo), env_overrides=ctx.env_kwargs)  # the env every algorithm trains in
     _train_in_batches(ctx, trainer, GROUP_SIZE if algo != "ppo" else 1)
     return _sampler_factory(trainer.policy, ctx.seed)
 
@@ -249,15 +278,15 @@ class BenchConfig:
             ``arithmetic``: TextArithmetic-v0, the exact-answer verifier as reward and gold;
             ``arithmetic-proxy``: the same, paying the learned ``arithmetic-proxy`` RM).
         algos: registered algorithm names.
-        seeds: seeds per algorithm.
+        seeds: seeds per algorithm (default: the task's).
         budget: env steps (tokens) each trained algorithm may take (default: the task's).
-        num_envs: parallel episodes for the algorithms that batch them.
+        num_envs: parallel episodes for the algorithms that batch them (default: the task's).
         max_new_tokens, max_prompt_tokens, kl_coef, frontier_kl: the env configuration shared by
             all (a fixed prompt block, so train and eval prompts give the same observation shape)
             and the frontier's KL budget; None takes the task's.
         eval_episodes: episodes of the common evaluation.
         calibration_episodes: π_ref episodes that measure its score and gold (the frontier's origin)
-            and standardise a learned RM.
+            and standardise a learned RM (default: the task's).
         out: output folder.
         threads: torch's CPU threads for every algorithm (None: one per core of this process), recorded
             in ``env.json``: the same thread count gives the same tables, however busy the machine.
@@ -265,15 +294,15 @@ class BenchConfig:
 
     task: str = "sentiment"
     algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] | None = None
     budget: int | None = None  # sentiment's 8192 is sized for ~25 min on 2 CPU cores with 3 seeds
-    num_envs: int = 32
+    num_envs: int | None = None
     max_new_tokens: int | None = None
     max_prompt_tokens: int | None = None
     kl_coef: float | None = None
     frontier_kl: float | None = None
     eval_episodes: int = 128
-    calibration_episodes: int = 512
+    calibration_episodes: int | None = None
     out: str = "runs/bench"
     threads: int | None = None
 
@@ -281,9 +310,10 @@ class BenchConfig:
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not a benchmark task; tasks: {sorted(TASKS)}")
         task = TASKS[self.task]
-        for name in ("budget", "max_new_tokens", "max_prompt_tokens", "kl_coef", "frontier_kl"):
+        for name in ("budget", "max_new_tokens", "max_prompt_tokens", "kl_coef", "frontier_kl", "num_envs", "seeds",
+                     "calibration_episodes"):  # fmt: skip
             if getattr(self, name) is None:
-                setattr(self, name, getattr(task, name))
+                setattr(self, name, list(task.seeds) if name == "seeds" else getattr(task, name))
         unknown = [a for a in self.algos if a not in ALGORITHMS]
         if unknown:
             raise ValueError(f"algos={unknown} are not registered; registered: {sorted(ALGORITHMS)}")
@@ -313,8 +343,9 @@ def _reference(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, float]]:
     from textgym.rewards.calibrate import sample_episodes
 
     task = TASKS[cfg.task]
-    kwargs = {"max_new_tokens": cfg.max_new_tokens, "max_prompt_tokens": cfg.max_prompt_tokens,
-              "kl_coef": cfg.kl_coef, **({"reward_model": task.reward_model} if task.reward_model else {})}  # fmt: skip
+    kwargs = {"max_new_tokens": cfg.max_new_tokens, "kl_coef": cfg.kl_coef, **task.env,
+              **({"max_prompt_tokens": cfg.max_prompt_tokens} if cfg.max_prompt_tokens is not None else {}),
+              **({"reward_model": task.reward_model} if task.reward_model else {})}  # fmt: skip
     rows = sample_episodes(episodes=cfg.calibration_episodes, num_envs=min(64, cfg.calibration_episodes), seed=0,
                            env_id=task.env_id, **kwargs)  # fmt: skip
     rm = np.array([r["rm_score"] for r in rows])
@@ -339,9 +370,12 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             start = time.perf_counter()
             factory = ALGORITHMS[algo](ctx)
             train_s = time.perf_counter() - start
-            # evaluated in the env configuration it trained in (ctx.env_kwargs: masks included)
+            # evaluated in the env configuration it trained in (ctx.env_kwargs: masks included), on the
+            # task's held-out prompts where it has them
+            held_out = {"prompts": TASKS[cfg.task].eval_prompts} if TASKS[cfg.task].eval_prompts else {}
             result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=env_id,
-                              num_envs=min(cfg.num_envs, cfg.eval_episodes), seed=1234, **ctx.env_kwargs)  # fmt: skip
+                              num_envs=min(cfg.num_envs, cfg.eval_episodes), seed=1234,
+                              **{**ctx.env_kwargs, **held_out})  # fmt: skip
             frontier = run_frontier(ctx.curve, baseline, cfg.frontier_kl, window)
             row = {"algo": algo, "seed": seed, "env_steps": ctx.env_steps, "train_s": round(train_s, 2),
                    "env_steps_per_s": round(ctx.env_steps / train_s, 1) if ctx.env_steps else 0.0,

@@ -131,7 +131,11 @@ def _plot_curves(curves: dict, out: Path) -> None:
         ax.fill_between(grid, ys.mean(0) - ys.std(0), ys.mean(0) + ys.std(0), alpha=0.2)
     ax.set_xlabel("env steps (tokens)")
     ax.set_ylabel("RM score (as the env pays it) of training episodes")
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8)
+    else:  # only algorithms that do not train (reference): an empty frame would look like a failed plot
+        ax.text(0.5, 0.5, "no training curves: every algorithm in this run\nsamples a fixed policy (reference)",
+                ha="center", va="center", transform=ax.transAxes)  # fmt: skip
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "rm_vs_steps.png", dpi=110)

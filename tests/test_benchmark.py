@@ -147,3 +147,36 @@ def test_an_empty_frontier_says_why_on_the_plot(tmp_path, monkeypatch):
     for ax in fig.axes:
         (note,) = [t.get_text() for t in ax.texts]  # the fitted curve is drawn; the note names the one left out
         assert " ".join(note.split()).endswith(": grpo") and "torchrl_ppo" in ax.get_legend_handles_labels()[1]
+
+
+def test_the_smollm2_task_trains_in_its_preset_env_and_is_judged_on_held_out_requests(tmp_path, monkeypatch):
+    """Issue 25.3: the real-model row runs SmolLM2 in smollm2-sentiment's env; its evaluation samples held-out requests."""
+    import gymnasium
+
+    from textgym.agents.ppo.config import PRESET_DIR, load_config_file
+
+    preset = load_config_file(PRESET_DIR / "smollm2-sentiment.json")
+    task = benchmark.TASKS["smollm2-sentiment"]
+    assert {k: preset[k] for k in task.env} == task.env  # the bench and the preset train in one env
+    assert task.eval_prompts == preset["eval_prompts"]
+    defaults = BenchConfig(task="smollm2-sentiment")
+    assert (defaults.num_envs, defaults.seeds, defaults.calibration_episodes) == (16, [0, 1], 256)
+
+    ctx = benchmark.RunContext({**task.env, "max_new_tokens": 24, "kl_coef": 0.05}, 16, 0, 16, tmp_path, task)
+    cfg = benchmark.agent_config(ctx, "grpo")  # the agents load the preset's model and keep its tuning
+    assert (cfg.model, cfg.chat_template, cfg.learning_rate, cfg.ppo_epochs) == ("smollm2-135m-instruct", True, 1e-5, 2)
+    assert {k: getattr(cfg, k) for k in task.agent} == task.agent
+
+    made = []
+    for name in ("make", "make_vec"):
+        real = getattr(gymnasium, name)
+        monkeypatch.setattr(gymnasium, name, lambda *a, _real=real, **kw: made.append(kw) or _real(*a, **kw))
+    cfg = BenchConfig(task="smollm2-sentiment", algos=["reference"], seeds=[0], budget=8, num_envs=2, max_new_tokens=4,
+                      eval_episodes=2, calibration_episodes=2, out=str(tmp_path / "bench"))  # fmt: skip
+    (row,) = run_benchmark(cfg)
+    assert row["response_length"] == 4 and math.isfinite(row["score"]) and row["distinct_1"] > 0
+    calibration, evaluation = made
+    for kw in (calibration, evaluation):
+        assert (kw["model"], kw["chat_template"], kw["reward_model"]) == ("smollm2-135m-instruct", True,
+                                                                          "default-response")  # fmt: skip
+    assert (calibration["prompts"], evaluation["prompts"]) == ("review-requests", "review-requests-eval")
