@@ -45,7 +45,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     with _torch_settings_restored(), run_folder.held(out) if main else contextlib.nullcontext():
         trainer, history = _start(out, cfg, overwrite)
         reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
-        bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc="ppo",
+        bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc=cfg.algo,
                    disable=not (cfg.progress and main))  # fmt: skip
         try:
             while trainer.iteration_done < cfg.num_iterations:
