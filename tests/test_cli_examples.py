@@ -187,11 +187,35 @@ def test_trl_is_timed_on_float32_models_like_textgym():
     """The assets are stored in float16: TRL's side of bench/ppo_vs_trl.py must not compute in it (10x slower)."""
     import torch
 
-    models = _bench_module("ppo_vs_trl").trl_models()
+    models = _bench_module("ppo_vs_trl").trl_models(None)
     assert sorted(models) == ["model", "ref_model", "reward_model", "value_model"]
     for name, model in models.items():
         assert {p.dtype for p in model.parameters()} == {torch.float32}, name
     assert models["value_model"] is not models["reward_model"]  # the critic trains; the RM must not move
+
+
+def test_trl_and_textgym_do_the_smollm2_presets_work_alike():
+    """bench/ppo_vs_trl.py --config smollm2-sentiment --lora-rank 16: both sides get the preset's batch, epochs and
+    minibatches; textgym keeps its env and does every epoch; TRL's models are SmolLM2 (no π_ref copy under LoRA)."""
+    import torch
+
+    from textgym.named_models import smollm2_folder
+
+    bench = _bench_module("ppo_vs_trl")
+    args = bench.parse_args(["--config", "smollm2-sentiment", "--lora-rank", "16"])
+    assert (args.episodes, args.tokens, args.epochs, args.minibatches) == (16, 48, 2, 4)
+    cfg = bench.textgym_config(args, "auto")
+    assert (cfg.model, cfg.chat_template, cfg.prompts, cfg.lora_rank) == ("smollm2-135m-instruct", True,
+                                                                           "review-requests", 16)  # fmt: skip
+    assert (cfg.num_envs, cfg.max_new_tokens, cfg.ppo_epochs, cfg.num_minibatches) == (16, 48, 2, 4)
+    assert cfg.early_stop_kl is None
+    work = {"model": str(smollm2_folder()), "pad_id": 0, "vocab_size": 49152, "lora_rank": 16}
+    models = bench.trl_models(work)
+    assert models["ref_model"] is None  # TRL's π_ref is the policy with its adapters off, as textgym's
+    value, policy = models["value_model"], models["model"]
+    assert sum(p.numel() for p in value.base_model.parameters()) == sum(p.numel() for p in policy.model.parameters())
+    assert models["reward_model"].config.vocab_size == 49152
+    assert {p.dtype for m in models.values() if m is not None for p in m.parameters()} == {torch.float32}
 
 
 def test_rm_ceiling_search_climbs_to_the_best_response():

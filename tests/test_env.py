@@ -191,6 +191,7 @@ def test_prompts_through_the_chat_template(tmp_path):
     P = env.unwrapped.max_prompt_tokens
     assert obs["input_ids"][P - len(expected) : P].tolist() == expected
     assert obs["attention_mask"][:P].sum() == len(expected)
+    assert env.unwrapped.encode_prompts(["Write a short movie review."]) == [expected]  # what another tool gets
     with pytest.raises(ValueError, match="chat_template=True but tokenizer .* has no chat template"):
         gym.make("TextRLHF-v0", chat_template=True)
 

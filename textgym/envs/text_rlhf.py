@@ -236,6 +236,16 @@ class TextRLHFEnv(gym.Env):
     stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
+
+    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+        """The token ids π_ref is fed for each of ``prompts`` (the chat template applied when the env uses one):
+        a prompt block of the observation without its padding, to give another tool the very same prompts.
+
+        Raises:
+            TypeError / ValueError: as ``reset(options={"prompt": ...})`` would for that prompt.
+        """
+        return self._engine.encode_prompts(list(prompts))
+
     reference_context = property(
         lambda self: self._engine.decoder.context,
         lambda self, factory: setattr(self._engine.decoder, "context", factory),
