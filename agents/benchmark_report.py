@@ -190,8 +190,9 @@ def _plot_frontier(curves: dict, baseline: dict, d_max: float, window: int, out:
         fitted = any(label != "π_ref" for label in ax.get_legend_handles_labels()[1])
         _note_unfitted(ax, unfitted, fitted, window)
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022); small dots: raw "
-                 "points, large: pooled; dotted: AUC limit")  # fmt: skip
+    # two lines: a task name as long as smollm2-sentiment pushed one line past both edges
+    fig.suptitle(f"{task}: reward–KL frontier, fits R(d) = d(α − β log d) (Gao et al. 2022)\nsmall dots: raw "
+                 "points, large: pooled; dotted: AUC limit", fontsize=10)  # fmt: skip
     fig.tight_layout()
     fig.savefig(out / "frontier.png", dpi=110)
     plt.close(fig)
