@@ -393,8 +393,10 @@ with stop_on_sigterm(grace=1.0):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_that_hangs_prints_every_threads_stack(signum):
+    # a shell without job control starts background jobs with SIGINT ignored, and children inherit that: give the
+    # child the default, as a terminal's would have (else Python installs no Ctrl-C handler and the guard none)
     proc = subprocess.Popen([sys.executable, "-c", HANGS_ON_STOP], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
