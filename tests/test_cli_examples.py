@@ -31,12 +31,15 @@ def test_play():
     assert out.count("rm_score") == 2 and "gold" in out and "KL" in out
 
 
-def test_train_then_eval_the_result_with_the_runs_beta(tmp_path):
+def test_train_then_eval_the_result_with_the_runs_beta_and_plot_it(tmp_path):
+    """A user's first run: train, evaluate, plot (one run serves all three: the suite's time is a budget)."""
     from textgym.models import DEFAULT_LM
 
-    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "16",
          "--kl-coef", "0.2", "--target-kl", "none"])  # fmt: skip
     assert (tmp_path / "run" / "policy" / "config.json").exists()
+    run([sys.executable, "-m", "textgym.agents.ppo.plot", str(tmp_path / "run")])
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
     out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--ref-model", str(DEFAULT_LM),
                "--episodes", "8", "--num-envs", "8", "--out", str(tmp_path / "eval.json")])  # fmt: skip
     assert "pi_ref:" in out and "policy:" in out
@@ -107,12 +110,6 @@ def test_help_and_info_do_not_import_torchrl():
         "assert 'torchrl' not in sys.modules, 'help'\nmain(['info'])\nassert 'torchrl' not in sys.modules, 'info'"
     )
     assert "TextRLHF-v0" in run([sys.executable, "-c", code])
-
-
-def test_plot(tmp_path):
-    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "16"])
-    run([sys.executable, "-m", "textgym.agents.ppo.plot", str(tmp_path / "run")])
-    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
 
 
 def test_bench_quick_preset(tmp_path):
