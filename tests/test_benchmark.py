@@ -150,7 +150,7 @@ def test_an_empty_frontier_says_why_on_the_plot(tmp_path, monkeypatch):
 
 
 def test_the_smollm2_task_trains_in_its_preset_env_and_is_judged_on_held_out_requests(tmp_path, monkeypatch):
-    """Issue 25.3: the real-model row runs SmolLM2 in smollm2-sentiment's env; its evaluation samples held-out requests."""
+    """Issue 25.3: the real-model row runs SmolLM2 in smollm2-sentiment's env; its eval samples held-out requests."""
     import gymnasium
 
     from textgym.agents.ppo.config import PRESET_DIR, load_config_file
@@ -164,7 +164,8 @@ def test_the_smollm2_task_trains_in_its_preset_env_and_is_judged_on_held_out_req
 
     ctx = benchmark.RunContext({**task.env, "max_new_tokens": 24, "kl_coef": 0.05}, 16, 0, 16, tmp_path, task)
     cfg = benchmark.agent_config(ctx, "grpo")  # the agents load the preset's model and keep its tuning
-    assert (cfg.model, cfg.chat_template, cfg.learning_rate, cfg.ppo_epochs) == ("smollm2-135m-instruct", True, 1e-5, 2)
+    assert (cfg.model, cfg.chat_template, cfg.learning_rate) == ("smollm2-135m-instruct", True, 1e-5)
+    assert cfg.ppo_epochs == 2
     assert {k: getattr(cfg, k) for k in task.agent} == task.agent
 
     made = []
