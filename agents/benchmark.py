@@ -136,8 +136,9 @@ TASKS = {
     # VADER gold, judged on held-out requests; 21 iterations of 16 episodes per algorithm, 2 seeds
     "smollm2-sentiment": Task("TextRLHF-v0", max_new_tokens=24, max_prompt_tokens=None, kl_coef=0.05,
                               normalize=True, frontier_kl=8.0, budget=8192, agent_lr=1e-5, agent_epochs=2,
+                              reward_model="default-response",
                               env={"model": "smollm2-135m-instruct", "chat_template": True,
-                                   "prompts": "review-requests", "reward_model": "default-response"},
+                                   "prompts": "review-requests"},
                               eval_prompts="review-requests-eval",
                               agent={"critic_learning_rate": 1e-5, "num_minibatches": 4, "warmup_iterations": 2,
                                      "early_stop_kl": 0.05},

@@ -96,11 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.episodes = args.episodes or preset.get("num_envs", 64)
     args.tokens = args.tokens or preset.get("max_new_tokens", 32)
     args.epochs, args.minibatches = preset.get("ppo_epochs", 4), preset.get("num_minibatches", 4)
-    if args.episodes % args.minibatches:
-        args.minibatches = 1
     if args.quick:
         args.episodes, args.tokens, args.iterations, args.rounds = 8, 8, 1, 1
-        args.minibatches = min(args.minibatches, 4)
+    if args.episodes % args.minibatches:
+        args.minibatches = 1
     return args
 
 
@@ -140,7 +139,7 @@ def trl_models(work: dict | None) -> dict:
             "value_model": value}  # fmt: skip
 
 
-def _trl_data(args: argparse.Namespace, work: dict | None, n: int):
+def _trl_data(work: dict | None, n: int):
     """The tokenizer and ``n`` prompts' token ids: the embedded ones, or the preset's as the env encoded them."""
     from transformers import AutoTokenizer
 
@@ -166,7 +165,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     work = json.loads(Path(args.work).read_text(encoding="utf-8")) if args.work else None
     n = args.episodes * (args.iterations + 1)
-    tok, rows = _trl_data(args, work, n)
+    tok, rows = _trl_data(work, n)
     stamps: list[float] = []
 
     class Stamp(TrainerCallback):
