@@ -38,6 +38,39 @@ def test_the_name_converts_once_into_the_cache_and_reuses_the_folder(cache, monk
     assert smollm2_folder() == cache
 
 
+def test_processes_starting_at_once_on_a_fresh_cache_convert_it_once(monkeypatch, tmp_path):
+    """Two first uses at the same moment (two test workers, two jobs): one converts, the other waits and loads."""
+    import threading
+    import time
+
+    monkeypatch.setenv("TEXTGYM_CACHE", str(tmp_path))
+    monkeypatch.setattr(named_models, "_gguf_source", lambda: "gguf")
+    conversions = []
+
+    def slow_conversion(src, folder):
+        conversions.append(src)
+        time.sleep(0.5)  # long enough for the other caller to find no folder yet
+        (folder / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setattr(named_models, "_convert_smollm2", slow_conversion)
+    results, errors = [], []
+
+    def first_use():
+        try:
+            results.append(smollm2_folder())
+        except Exception as err:  # noqa: BLE001 - the test reports any failure of either caller
+            errors.append(err)
+
+    callers = [threading.Thread(target=first_use) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert errors == [] and conversions == ["gguf"]
+    assert results == [tmp_path / "smollm2-135m-instruct"] * 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["smollm2-135m-instruct"]  # no lock or temp folder left
+
+
 def test_a_missing_wheel_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setenv("TEXTGYM_CACHE", str(tmp_path))
     real = named_models.importlib.util.find_spec

@@ -71,13 +71,21 @@ def _convert_smollm2(src: str, folder: Path) -> None:
 
 
 def smollm2_folder() -> Path:
-    """The cached HF folder of SmolLM2-135M-Instruct, converted from the wheel's GGUF on first use."""
-    from textgym.utils import save_folder_atomically
+    """The cached HF folder of SmolLM2-135M-Instruct, converted from the wheel's GGUF on first use.
+
+    Processes that start at once on a fresh cache (test workers, a user's parallel jobs) convert it
+    once: each waits for the cache's lock and looks again, since "one writer per folder" is what
+    keeps the atomic swap safe.
+    """
+    from textgym.utils import lock_folder, save_folder_atomically
 
     folder = cache_dir() / "smollm2-135m-instruct"
     if not (folder / "model.safetensors").is_file():
         src = _gguf_source()
-        save_folder_atomically(folder, lambda tmp: _convert_smollm2(src, tmp))
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with lock_folder(folder.parent, "TEXTGYM_CACHE", wait=True):
+            if not (folder / "model.safetensors").is_file():
+                save_folder_atomically(folder, lambda tmp: _convert_smollm2(src, tmp))
     return folder
 
 

@@ -219,17 +219,18 @@ def _read_only_mount(folder: Path) -> bool:
 
 # ---------------------------------------------------------------- lock
 @contextlib.contextmanager
-def lock_folder(folder: str | Path, argument: str = "folder") -> Iterator[None]:
+def lock_folder(folder: str | Path, argument: str = "folder", wait: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` for the ``with`` block, or fail at once naming the holder.
 
     The lock is ``flock`` on ``folder/.lock`` (which holds the holder's pid): the kernel releases it
-    when its process dies, so a crash never leaves a stale lock. POSIX only.
+    when its process dies, so a crash never leaves a stale lock. POSIX only. ``wait=True`` waits for
+    the holder instead of failing (a shared cache filled once, by whichever process comes first).
 
     Raises:
-        FolderInUseError: another process (or another ``lock_folder`` in this one) holds it.
+        FolderInUseError: another process (or another ``lock_folder`` in this one) holds it, and ``wait`` is False.
     """
     path = Path(folder) / ".lock"
-    fd = _acquire(path, argument)
+    fd = _acquire(path, argument, wait)
     try:
         yield
     finally:
@@ -237,13 +238,13 @@ def lock_folder(folder: str | Path, argument: str = "folder") -> Iterator[None]:
         os.close(fd)
 
 
-def _acquire(path: Path, argument: str) -> int:
+def _acquire(path: Path, argument: str, wait: bool = False) -> int:
     import fcntl
 
     while True:
         fd = _open_lock_file(path, argument)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
