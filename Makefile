@@ -23,8 +23,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# One test worker per core (pytest-xdist), each test file on one worker (its module fixtures are built once); each
+# worker, and every command a test starts, runs torch on textgym's default thread count (one core left free).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
 
 demo: $(STAMP)
 	$(BIN)/textgym train --config demo --overwrite

@@ -83,6 +83,7 @@ from textgym.functional import position_ids_from_mask  # noqa: E402
 from textgym.models import left_pad, load_causal_lm, native_bf16, response_logprobs  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes, score_checked  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
 
 TARGET_N = 64
 TARGET_RATIO = 0.9
@@ -341,9 +342,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help=f"timed rounds per N (default {DEFAULT['repeats']})")
     parser.add_argument("--quick", action="store_true", help=f"tiny smoke run: {QUICK} unless given explicitly")
     parser.add_argument("--device", default="cpu", help="torch device for all models (default cpu)")
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch.set_num_threads value (default: torch's own default)"
-    )
+    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -363,7 +362,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if any(n < 1 for n in args.num_envs) or args.max_new_tokens < 1 or args.repeats < 1:
         parser.error("--num-envs, --max-new-tokens and --repeats must be >= 1")
-    if args.threads is not None and args.threads < 1:
+    if args.threads < 1:
         parser.error("--threads must be >= 1")
     return args
 
@@ -371,8 +370,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     device = torch.device(args.device)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     env_kwargs = env_settings(args.config, args.model)
     policy_model = load_causal_lm(env_kwargs.get("model"), device=device)  # the acting copy, separate from the env's

@@ -78,7 +78,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work", default=None, help=argparse.SUPPRESS)  # the worker's JSON: model folder, prompt ids
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per run (after one warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every configuration")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads on both sides (default: torch's)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),  # the TRL venv has no textgym
+                        help="torch threads on both sides (default: every core of this process)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="8 episodes x 8 tokens, 1 iteration, 1 round")
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
@@ -88,10 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--textgym", nargs="+", choices=("fp32", "auto"), default=["fp32", "auto"],
                         help="textgym precisions to time (default: both; auto: bf16 where the CPU has it)")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.threads is not None:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     preset = _preset(args.config)
     args.episodes = args.episodes or preset.get("num_envs", 64)
     args.tokens = args.tokens or preset.get("max_new_tokens", 32)
@@ -186,8 +186,7 @@ def trl_worker(args: argparse.Namespace) -> None:
                                          target_modules="all-linear", task_type="CAUSAL_LM")  # fmt: skip
     trainer = PPOTrainer(args=config, processing_class=tok, **trl_models(work), **peft,
                          train_dataset=Dataset.from_dict({"input_ids": rows}), callbacks=[Stamp()])  # fmt: skip
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)  # accelerate may have set its own count while the trainer was built
+    torch.set_num_threads(args.threads)  # accelerate may have set its own count while the trainer was built
     trainer.train()
     print(json.dumps({"seconds": [b - a for a, b in zip(stamps, stamps[1:])], "threads": torch.get_num_threads()}))
 
@@ -209,8 +208,7 @@ def run_trl(python: Path, args: argparse.Namespace, variant: str) -> list[float]
     cmd = [str(python), __file__, "--trl-worker", "--episodes", str(args.episodes), "--tokens", str(args.tokens),
            "--iterations", str(args.iterations)] + (["--bf16"] if bf16 else []) + (["--no-checkpointing"] if no_ckpt
                                                                                    else [])  # fmt: skip
-    if args.threads is not None:
-        cmd += ["--threads", str(args.threads)]
+    cmd += ["--threads", str(args.threads)]
     if args.config is not None:
         cmd += ["--config", args.config, "--work", args.work]
     if args.lora_rank:

@@ -27,6 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from textgym.agents.ppo import PPOConfig, Trainer  # noqa: E402
 from textgym.agents.ppo.config import PRESETS  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_linear",
               "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -42,6 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=None, help="override the preset's (0: every weight)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rows", type=int, default=15, help="top operators printed")
+    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
     return parser.parse_args(argv)
 
 
@@ -51,7 +53,7 @@ def main(argv=None) -> None:
         changes = {"num_envs": args.num_envs, "total_episodes": 3 * args.num_envs,
                    "max_new_tokens": args.max_new_tokens, "num_minibatches": min(4, args.num_envs),
                    "precision": args.precision, "device": args.device, "out": out, "progress": False,
-                   "eval_every": 0, "samples_every": 0}  # fmt: skip
+                   "eval_every": 0, "samples_every": 0, "threads": args.threads}  # fmt: skip
         if args.lora_rank is not None:
             changes["lora_rank"] = args.lora_rank
         trainer = Trainer.create(PPOConfig(**{**PRESETS[args.config], **changes}))

@@ -1,12 +1,19 @@
-"""How much a busy core slows textgym from Python, by OpenMP wait policy and thread count.
+"""How much one busy core slows textgym's Python API, by thread count and OpenMP wait policy.
 
-Each configuration runs the same work in a fresh process (the wait policy is read when torch
-loads): ``collect_episodes`` on the default env, 16 slots × 16 tokens, best of 3 after a warm-up.
-Rounds alternate the configurations, idle and beside a busy-loop process, so both see the same
-machine; the ratios are against the idle run of the same configuration and against the idle
-2-thread default. Printed, never asserted::
+The cases are what a user's script does, run as the README writes them but shorter:
 
-    python bench/threads_under_load.py [--rounds 2]
+- ``quickstart``: one ``TextRLHF-v0`` env and an ``LMSampler``, one 16-token episode;
+- ``vector``: ``collect_episodes`` over a native vector env of 8 slots x 16 tokens;
+- ``sb3``: SB3's ``PPO(LMPolicy, ...)`` of the README, ``learn(64)`` (two rollouts and updates);
+- ``trainer``: ``train(PPOConfig(**PRESETS["tiny"]))``, a whole tiny run;
+- ``smollm2``: ``collect_episodes`` over SmolLM2-135M-Instruct, 8 slots x 16 tokens.
+
+Each configuration runs every case in a fresh process (the wait policy is read when torch loads),
+best of 3 (SB3, the trainer and SmolLM2: of 2) after a warm-up; rounds alternate the
+configurations, idle and beside a busy-loop process, so both see the same machine. Printed: each
+case's seconds and its ratio to textgym's default on the idle machine. Never asserted::
+
+    python bench/threads_under_load.py [--rounds 1] [--cases quickstart vector sb3 trainer smollm2]
 """
 
 from __future__ import annotations
@@ -18,65 +25,133 @@ import statistics
 import subprocess
 import sys
 
+CASES = ("quickstart", "vector", "sb3", "trainer", "smollm2")
 WORK = r"""
-import json, sys, time
+import json, sys, tempfile, time
 import gymnasium as gym, torch
 import textgym
 from textgym.episodes import collect_episodes
 from textgym.policies import LMSampler
-torch.set_num_threads(int(sys.argv[1]))
-envs = gym.make_vec("TextRLHF-v0", num_envs=16, vectorization_mode="vector_entry_point",
-                    autoreset_mode="disabled", max_new_tokens=16)
-policy = LMSampler.for_env(envs.unwrapped.model, envs, seed=0)
-collect_episodes(envs, policy, seed=0)
-times = []
-for i in range(3):
-    start = time.perf_counter()
-    collect_episodes(envs, policy, seed=i)
-    times.append(time.perf_counter() - start)
-print(json.dumps(min(times)))
+
+cases, threads = sys.argv[1].split(","), int(sys.argv[2])
+if threads:
+    torch.set_num_threads(threads)
+
+
+def best(fn, n=3):
+    fn()
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def quickstart():
+    env = gym.make("TextRLHF-v0", max_new_tokens=16)
+    policy = LMSampler.for_env(env.unwrapped.model, env, seed=0)
+
+    def episode():
+        obs, info = env.reset(seed=0)
+        done = False
+        while not done:
+            action, _ = policy.act(obs)
+            obs, reward, terminated, truncated, info = env.step(int(action[0]))
+            done = terminated or truncated
+    return best(episode)
+
+
+def vector(**kwargs):
+    envs = gym.make_vec("TextRLHF-v0", num_envs=8, vectorization_mode="vector_entry_point",
+                        autoreset_mode="disabled", max_new_tokens=16, **kwargs)
+    policy = LMSampler.for_env(envs.unwrapped.model, envs, seed=0)
+    return best(lambda: collect_episodes(envs, policy, seed=0), n=2 if kwargs else 3)
+
+
+def sb3():
+    from stable_baselines3 import PPO
+    from textgym.agents.sb3 import KLPenaltyCallback, LMPolicy
+
+    model = PPO(LMPolicy, gym.make("TextRLHF-v0"), ent_coef=0.0, gamma=1.0, n_steps=32, batch_size=32, n_epochs=2,
+                learning_rate=3e-5, seed=0)
+    return best(lambda: model.learn(64, callback=KLPenaltyCallback()), n=2)
+
+
+def trainer():
+    from textgym.agents.ppo import PPOConfig, train
+    from textgym.agents.ppo.config import PRESETS
+
+    def run():
+        with tempfile.TemporaryDirectory() as folder:  # threads: the process's count, as a user's would be
+            train(PPOConfig(**{**PRESETS["tiny"], "out": folder + "/run", "threads": torch.get_num_threads()}))
+    return best(run, n=2)
+
+
+def smollm2():
+    return vector(model="smollm2-135m-instruct", chat_template=True, prompts="review-requests")
+
+
+out = {case: globals()[case]() for case in cases}
+print(json.dumps({**out, "threads": torch.get_num_threads()}))
 """
 
-CONFIGS = {  # name: (threads, environment changes); the first is the reference
-    "2 threads, GNU OpenMP's default (spin)": (2, {}),
-    "2 threads, OMP_WAIT_POLICY=PASSIVE": (2, {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "2 threads, GOMP_SPINCOUNT=3000": (2, {"GOMP_SPINCOUNT": "3000"}),
-    "1 thread": (1, {}),
+# name: (torch threads set after import, 0 = leave textgym's default; environment changes)
+CONFIGS = {
+    "textgym's default (one core left free)": (0, {}),
+    "every core (torch.set_num_threads)": (-1, {}),
+    "every core, OMP_WAIT_POLICY=PASSIVE": (-1, {"OMP_WAIT_POLICY": "PASSIVE"}),
 }
 
 
-def run(threads: int, env_changes: dict[str, str]) -> float:
+def run(cases: list[str], threads: int, env_changes: dict[str, str]) -> dict[str, float]:
+    """Seconds per case in a fresh process (``threads`` -1: one per core)."""
+    cores = len(os.sched_getaffinity(0))
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     env.update(env_changes, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    out = subprocess.run([sys.executable, "-c", WORK, str(threads)], env=env, capture_output=True, text=True,
-                         check=True, timeout=900)  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-c", WORK, ",".join(cases), str(cores if threads < 0 else threads)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=3600)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (medians are printed)")
-    args = parser.parse_args()
-    seconds: dict[tuple[str, bool], list[float]] = {(name, busy): [] for name in CONFIGS for busy in (False, True)}
-    for _ in range(args.rounds):
+def measure(cases: list[str], rounds: int) -> dict[tuple[str, bool], list[dict[str, float]]]:
+    """Every configuration's results, idle and beside a busy-loop process, over alternating rounds."""
+    results: dict[tuple[str, bool], list[dict[str, float]]] = {(n, b): [] for n in CONFIGS for b in (False, True)}
+    for _ in range(rounds):
         for busy in (False, True):
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy else None
             try:
                 for name, (threads, env_changes) in CONFIGS.items():
-                    seconds[(name, busy)].append(run(threads, env_changes))
+                    results[(name, busy)].append(run(cases, threads, env_changes))
             finally:
                 if hog is not None:
                     hog.kill()
                     hog.wait()
-    median = {key: statistics.median(v) for key, v in seconds.items()}
+    return results
+
+
+def report(results: dict[tuple[str, bool], list[dict[str, float]]], cases: list[str]) -> None:
+    """One table per case: seconds idle and busy, and both against textgym's default on the idle machine."""
+    median = {key: {c: statistics.median(r[c] for r in rows) for c in [*cases, "threads"]} for key, rows in
+              results.items()}  # fmt: skip
     reference = median[(next(iter(CONFIGS)), False)]
-    print(f"collect_episodes, 16 slots x 16 tokens, best of 3, median of {args.rounds} rounds; cores: "
-          f"{len(os.sched_getaffinity(0))}")  # fmt: skip
-    print(f"{'configuration':42s} {'idle s':>8s} {'busy s':>8s} {'busy/idle':>9s} {'busy/ref idle':>13s}")
-    for name in CONFIGS:
-        idle, busy = median[(name, False)], median[(name, True)]
-        print(f"{name:42s} {idle:8.3f} {busy:8.3f} {busy / idle:9.2f} {busy / reference:13.2f}")
-    print(json.dumps({f"{name} | {'busy' if busy else 'idle'}": v for (name, busy), v in seconds.items()}))
+    print(f"cores: {len(os.sched_getaffinity(0))}; median of {len(next(iter(results.values())))} round(s)")
+    for case in cases:
+        print(f"\n{case}\n{'configuration':42s} {'threads':>7s} {'idle s':>8s} {'busy s':>8s} {'idle/ref':>8s} "
+              f"{'busy/ref':>8s}")  # fmt: skip
+        for name in CONFIGS:
+            idle, busy = median[(name, False)], median[(name, True)]
+            print(f"{name:42s} {idle['threads']:7.0f} {idle[case]:8.3f} {busy[case]:8.3f} "
+                  f"{idle[case] / reference[case]:8.2f} {busy[case] / reference[case]:8.2f}")  # fmt: skip
+    print(json.dumps({f"{name} | {'busy' if busy else 'idle'}": rows for (name, busy), rows in results.items()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1, help="alternating rounds (medians are printed)")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="the cases to run")
+    args = parser.parse_args()
+    report(measure(args.cases, args.rounds), args.cases)
 
 
 if __name__ == "__main__":

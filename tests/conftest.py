@@ -10,10 +10,18 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
+import textgym  # noqa: E402,F401  (registers TextRLHF-v0; torch on one core fewer than the machine's)
 from textgym.policies import LMSampler  # noqa: E402
 
-torch.set_num_threads(2)
+
+@pytest.fixture(autouse=True)
+def _same_threads_after_each_test():
+    """A test that sets torch's thread count leaves the next test the default: with one test worker per core, a
+    leaked count above textgym's default made every later test of that worker contend with the other worker."""
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -38,11 +38,12 @@ def numbers(row):
 
 @pytest.fixture(scope="module")
 def cluster():
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-    torch.set_num_threads(2)
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

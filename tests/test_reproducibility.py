@@ -12,7 +12,7 @@ import torch
 from textgym.agents.benchmark import BenchConfig, run_benchmark
 from textgym.agents.ppo import PPOConfig, train
 from textgym.agents.ppo.config import PRESETS
-from textgym.threads import machine_threads, use_threads
+from textgym.threads import default_threads, machine_threads, use_threads
 
 TIMING = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantage", "time_update")
 
@@ -39,11 +39,31 @@ def test_a_run_repeats_itself_exactly_while_another_process_keeps_a_core_busy(tm
         busy.wait()
     assert len(quiet) == 4 and quiet == loaded
     recorded = json.loads((tmp_path / "busy" / "config.json").read_text())["threads"]
-    assert recorded == machine_threads()
+    assert recorded == default_threads() == max(1, machine_threads() - 1)
 
 
 def _tiny(tmp_path, **changes) -> PPOConfig:
     return PPOConfig(**{**PRESETS["tiny"], "out": str(tmp_path / "run"), **changes})
+
+
+IMPORT_THREADS = "import torch, sys; {before}; import textgym; print(torch.get_num_threads())"
+
+
+def _threads_after_import(before: str = "pass", **env: str) -> int:
+    """torch's thread count in a fresh ``python -c`` after ``import textgym`` (``before`` runs first)."""
+    clean = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    code = IMPORT_THREADS.format(before=before)
+    done = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(machine_threads() < 2, reason="on one core there is no core to leave free")
+def test_import_leaves_a_core_free_unless_the_user_chose_a_count():
+    """torch's default (a thread per core) made the README's snippets 2.6-3.8x slower beside one busy core of two."""
+    assert _threads_after_import() == machine_threads() - 1
+    assert _threads_after_import("torch.set_num_threads(1)") == 1  # a lower count set before the import is kept
+    assert _threads_after_import(OMP_NUM_THREADS=str(machine_threads())) == machine_threads()  # the user's choice
 
 
 def test_resume_reuses_the_recorded_thread_count_and_refuses_another(tmp_path):

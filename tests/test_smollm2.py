@@ -122,8 +122,7 @@ def test_a_lora_smollm2_run_keeps_adapters_only_and_resumes_to_the_uninterrupted
         return PPOConfig(**{**PRESETS["smollm2-sentiment"], "out": str(out), "num_envs": 2, "max_new_tokens": 4,
                             "total_episodes": episodes, "ppo_epochs": 1, "num_minibatches": 1, "lora_rank": 4,
                             "learning_rate": 1e-3, "lr_schedule": "constant", "warmup_iterations": 0,
-                            "progress": False, "threads": 2,
-                            "checkpoint_every": 1, "resume": resume})  # fmt: skip
+                            "progress": False, "checkpoint_every": 1, "resume": resume})  # fmt: skip
 
     timing = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantage", "time_update")
     whole = train(cfg(tmp_path / "whole", 4))

@@ -1,6 +1,7 @@
 """textgym: RLHF with PPO as a Gymnasium environment, and the agents that train on it.
 
-Importing the package registers ``TextRLHF-v0``::
+Importing the package registers ``TextRLHF-v0`` (and ``TextArithmetic-v0``), and caps torch's CPU
+threads at one fewer than the cores (unless ``OMP_NUM_THREADS`` is set; :mod:`textgym.threads` says why)::
 
     import gymnasium as gym
     import textgym
@@ -13,6 +14,9 @@ from gymnasium.envs.registration import register
 
 from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
 from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
+from textgym.threads import leave_a_core_free  # noqa: E402
+
+leave_a_core_free()  # torch's threads: one core fewer than the machine's, so a busy core costs little (threads.py)
 
 __version__ = "0.1.0"
 

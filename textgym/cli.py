@@ -43,8 +43,8 @@ def _positive_int(text: str) -> int:
 
 
 def set_threads(requested: int | None) -> int:
-    """Set torch's intra-op threads for a command: ``requested``, else ``OMP_NUM_THREADS`` if set, else one per
-    core of this process (:func:`textgym.threads.default_threads`).
+    """Set torch's intra-op threads for a command: ``requested``, else ``OMP_NUM_THREADS`` if set, else one fewer
+    than the cores of this process, at least one (:func:`textgym.threads.default_threads`).
 
     Never a reading of the machine's load: the thread count changes torch's rounding, so a count
     that followed other jobs made one seeded command give other numbers on a re-run.
@@ -451,7 +451,7 @@ class _Subparsers:
         p = self.action.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
         if name != "train":  # train's --threads is a config field: recorded with the run and reused on resume
             p.add_argument("--threads", type=_positive_int, default=None,
-                           help="torch threads (default: one per core this process may use)")  # fmt: skip
+                           help="torch threads (default: one fewer than the cores, at least 1)")  # fmt: skip
         return p
 
 

@@ -7,13 +7,24 @@ re-run (and a resume from the uninterrupted run). So the count is chosen from th
 process may use (never their load), recorded with the run and reused. What a busy core then costs
 in time, and what OpenMP's wait policy changes about it, is measured by
 ``bench/threads_under_load.py`` (docs/performance.md, "Threads").
+
+Why one core fewer than the machine has, by default: GNU OpenMP's threads wait for each other at
+the end of every parallel region, so one core taken by another job stalls every region until the
+thread sharing it gets its time slice. With torch's default (a thread on every core) one busy core
+of two made the README's snippets 2.6-3.8x slower; one core left free keeps them within 1.08x of
+their idle time, at a price on an idle 2-core machine of up to 1.4x (SB3's update, SmolLM2), less
+with more cores. The thread pool's wait policy cannot be changed once torch is loaded, and a
+passive one made the idle machine up to 1.5x slower.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["default_threads", "machine_threads", "use_threads"]
+__all__ = ["BENCH_THREADS_HELP", "default_threads", "leave_a_core_free", "machine_threads", "use_threads"]
+
+# the speed benches measure at the hardware limit, not at the library's default
+BENCH_THREADS_HELP = "torch threads (default: every core of this process; textgym's own default leaves one free)"
 
 
 def machine_threads() -> int:
@@ -28,10 +39,24 @@ def machine_threads() -> int:
 
 def default_threads() -> int:
     """The thread count a run gets when none is given: ``OMP_NUM_THREADS`` if the user (or torchrun, one per
-    rank) set it — torch read it at import — else one per core of this process (:func:`machine_threads`)."""
+    rank) set it — torch read it at import — else one fewer than the cores of this process, at least one."""
     import torch
 
-    return torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else machine_threads()
+    return torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else max(1, machine_threads() - 1)
+
+
+def leave_a_core_free() -> int:
+    """At ``import textgym``: cap torch's threads at :func:`default_threads` unless ``OMP_NUM_THREADS`` chose them.
+
+    A count the user set lower before the import is kept; a higher one (torch's default is one per
+    core) is lowered. ``torch.set_num_threads`` after the import, ``OMP_NUM_THREADS`` or a run's
+    ``threads`` choose another count. Returns the count torch now uses.
+    """
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > default_threads():
+        torch.set_num_threads(default_threads())
+    return torch.get_num_threads()
 
 
 def use_threads(threads: int | None, deterministic: bool = False) -> int:
@@ -52,7 +77,7 @@ def use_threads(threads: int | None, deterministic: bool = False) -> int:
     import torch
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core of this process)")
+        raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one fewer than the cores)")
     n = threads if threads is not None else default_threads()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)

@@ -63,9 +63,10 @@ class PPOConfig:
             them (Dr. GRPO, Liu et al., 2025: the update follows E[score] − β·KL exactly).
         seed: seeds the env, the sampling and the model initialisation.
         device: ``auto``, ``cpu`` or ``cuda`` (see ``precision``).
-        threads: torch's CPU threads for the run (None: one per core this process may use, never a
-            reading of the machine's load); recorded in ``config.json`` and reused by ``--resume``,
-            since another thread count rounds differently and the run would no longer repeat itself.
+        threads: torch's CPU threads for the run (None: one fewer than the cores this process may use, at
+            least one, so that a busy core costs little; never a reading of the machine's load); recorded
+            in ``config.json`` and reused by ``--resume``, since another thread count rounds differently
+            and the run would no longer repeat itself.
         deterministic: also make torch use only deterministic algorithms (an op without one raises).
         out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
@@ -284,7 +285,7 @@ class PPOConfig:
             raise ValueError(f"tis_cap={self.tis_cap!r} must be a finite float >= 1 or None (no correction)")
         threads = self.threads
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core of this process)")
+            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one fewer than the cores)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
         if self.reward_timeout is not None and not (math.isfinite(self.reward_timeout) and self.reward_timeout > 0):
