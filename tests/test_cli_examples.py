@@ -161,6 +161,7 @@ def test_cli_errors_name_the_argument():
         ["bench/env_throughput.py", "--quick"],
         ["bench/profile_iteration.py", "--config", "tiny", "--num-envs", "4", "--max-new-tokens", "4", "--rows", "3"],
         ["bench/rm_ceiling.py", "--quick"],
+        ["bench/head_columns.py", "--config", "tiny", "--rounds", "1"],
     ],
     ids=lambda c: Path(c[0]).stem,
 )

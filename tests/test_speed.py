@@ -10,6 +10,7 @@ import torch
 from textgym.agents.ppo import PPOConfig, Trainer
 from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.rollout import sequence_batch, trim_columns
+from textgym.functional import position_ids_from_mask
 from textgym.models import FP32_ATTENTION, load_causal_lm, native_bf16, use_fp32_attention
 
 
@@ -50,6 +51,33 @@ def test_trimmed_logits_and_values_equal_the_full_width_ones(tmp_path):
         v_cut = values(trimmed["sequence"], trimmed["sequence_mask"])
     torch.testing.assert_close(cut, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(v_cut, v_full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_lm_head_runs_on_the_response_columns_only_and_gives_the_full_forwards_logits():
+    """A left-padded prompt needs no vocabulary logits: before, the head ran (and back-propagated) on all L columns."""
+    from textgym.models import response_logits, response_logprobs
+
+    model = load_causal_lm(None)
+    ids = torch.randint(5, 200, (3, 20))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # a shorter, left-padded prompt
+    head_rows = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
+    try:
+        logp, _ = response_logprobs(model, ids, mask, prompt_len=8)
+        position_ids = position_ids_from_mask(mask)
+        full = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
+    finally:
+        hook.remove()
+    assert head_rows == [13, 20]  # T + 1 = 20 - 8 + 1 columns for the response, all 20 for the plain forward
+    expected = torch.log_softmax(full[:, 7:-1], -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, expected, atol=1e-6, rtol=1e-6)
+
+    class NoKeep(torch.nn.Module):  # a causal LM whose forward takes no logits_to_keep: every column, the same slice
+        def forward(self, input_ids, attention_mask, position_ids):
+            return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+    torch.testing.assert_close(response_logits(NoKeep(), ids, mask, 8), full[:, 7:-1], atol=1e-6, rtol=1e-6)
 
 
 def test_an_update_on_trimmed_minibatches_gives_the_same_weights(tmp_path):

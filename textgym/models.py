@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import re
 import warnings
@@ -56,6 +57,7 @@ __all__ = [
     "quiet_peft",
     "resolve_device",
     "resolve_dtype",
+    "response_logits",
     "response_logprobs",
 ]
 
@@ -517,6 +519,30 @@ class CachedDecoder:
         self.mask = self.mask[:, extra:]
 
 
+def _takes_logits_to_keep(model) -> bool:
+    """Whether ``model`` (or the model under its peft wrapper) can run its LM head on the last columns only."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the head runs everywhere
+        return False
+
+
+def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
+    """The logits that predict the response tokens (columns ``prompt_len − 1 … L − 2``): ``(B, L − prompt_len, V)``.
+
+    Why ``logits_to_keep``: the LM head is a (hidden × vocabulary) matmul per column, and a left-padded
+    prompt's columns need none of it. HF causal LMs then run the head, its backward and the logits'
+    memory on the T + 1 last columns only (SmolLM2: 49,152 × 576 per column, a fifth of the model's
+    work per token); a model whose forward has no such argument gets every column and the same slice.
+    """
+    keep = input_ids.shape[1] - prompt_len + 1  # columns prompt_len - 1 … L - 1; the last predicts nothing
+    head = {"logits_to_keep": keep} if _takes_logits_to_keep(model) else {}
+    position_ids = position_ids_from_mask(attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **head)
+    return out.logits[:, -keep:-1]  # the logit at column c predicts the token at column c + 1
+
+
 def response_logprobs(
     model,
     input_ids: Tensor,
@@ -541,9 +567,7 @@ def response_logprobs(
         ``(B, T)`` log-probs, T = L − prompt_len, and ``(B, T)`` entropies or None. Positions
         past a response's end hold values of padding; mask them with ``attention_mask[:, prompt_len:]``.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
-    # The logit at column c predicts the token at column c + 1: the classic off-by-one.
-    logits = out.logits[:, prompt_len - 1 : -1].float() / temperature  # (B, T, V)
+    logits = response_logits(model, input_ids, attention_mask, prompt_len).float() / temperature  # (B, T, V)
     logp = torch.log_softmax(logits, dim=-1)
     tokens = input_ids[:, prompt_len:]  # (B, T)
     token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -24,7 +24,7 @@ from torchrl.objectives import ClipPPOLoss
 
 from textgym.episodes import make_episode_envs
 from textgym.functional import position_ids_from_mask, unpack_mask
-from textgym.models import quiet_peft, use_fp32_attention
+from textgym.models import quiet_peft, response_logits, use_fp32_attention
 from textgym.policies import restrict_logits
 
 from .config import PPOConfig
@@ -70,8 +70,7 @@ class TokenLogits(nn.Module):
         self, sequence: torch.Tensor, sequence_mask: torch.Tensor, kept: torch.Tensor | None = None
     ) -> torch.Tensor:
         ids, mask = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
-        logits = out.logits[:, self.prompt_len - 1 : -1].float() / self.temperature  # (B, T, V)
+        logits = response_logits(self.model, ids, mask, self.prompt_len).float() / self.temperature  # (B, T, V)
         if kept is None:
             return logits
         return restrict_logits(logits, unpack_mask(kept, logits.shape[-1]))
