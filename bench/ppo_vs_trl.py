@@ -229,7 +229,7 @@ def textgym_config(args: argparse.Namespace, precision: str):
     preset.update(total_episodes=args.episodes * (args.iterations + 1), num_envs=args.episodes,
                   max_new_tokens=args.tokens, temperature=1.0, kl_coef=0.05, target_kl=None, early_stop_kl=None,
                   ppo_epochs=args.epochs, num_minibatches=args.minibatches, precision=precision, device="cpu",
-                  out="/tmp/textgym-bench-trl", progress=False)  # fmt: skip
+                  out="/tmp/textgym-bench-trl", progress=False, threads=args.threads)  # fmt: skip
     if args.lora_rank:
         preset["lora_rank"] = args.lora_rank
     return PPOConfig(**preset)

@@ -1,6 +1,7 @@
 """Every CLI command, example and bench script runs with a tiny budget (subprocesses, as a user runs them)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -207,6 +208,8 @@ def test_trl_and_textgym_do_the_smollm2_presets_work_alike():
                                                                            "review-requests", 16)  # fmt: skip
     assert (cfg.num_envs, cfg.max_new_tokens, cfg.ppo_epochs, cfg.num_minibatches) == (16, 48, 2, 4)
     assert cfg.early_stop_kl is None
+    # textgym's side on the TRL side's count, every core: a count set before `import textgym` is capped by it
+    assert cfg.threads == args.threads == len(os.sched_getaffinity(0))
     work = {"model": str(smollm2_folder()), "pad_id": 0, "vocab_size": 49152, "lora_rank": 16}
     models = bench.trl_models(work)
     assert models["ref_model"] is None  # TRL's π_ref is the policy with its adapters off, as textgym's
