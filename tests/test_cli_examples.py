@@ -158,11 +158,12 @@ def test_cli_errors_name_the_argument():
         ],
         ["examples/train_reward_model.py", "--samples", "32", "--epochs", "1", "--out", "{tmp}/arm"],
         ["examples/reasoning_gym_verifier.py", "--problems", "64", "--iterations", "2", "--out", "{tmp}/rg"],
-        ["bench/ppo_iteration.py", "--quick"],
-        ["bench/env_throughput.py", "--quick"],
-        ["bench/profile_iteration.py", "--config", "tiny", "--num-envs", "4", "--max-new-tokens", "4", "--rows", "3"],
-        ["bench/rm_ceiling.py", "--quick"],
-        ["bench/head_columns.py", "--config", "tiny", "--rounds", "1"],
+        # the speed benches default to every core; beside the other test worker one thread is faster (no spinning)
+        ["bench/ppo_iteration.py", "--quick", "--threads", "1"],
+        ["bench/env_throughput.py", "--quick", "--threads", "1"],
+        ["bench/profile_iteration.py", "--config", "tiny", "--num-envs", "4", "--max-new-tokens", "4", "--threads=1"],
+        ["bench/rm_ceiling.py", "--quick", "--threads", "1"],
+        ["bench/head_columns.py", "--config", "tiny", "--rounds", "1", "--threads", "1"],
     ],
     ids=lambda c: Path(c[0]).stem,
 )

@@ -78,6 +78,13 @@ def test_the_lm_head_runs_on_the_response_columns_only_and_gives_the_full_forwar
             return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
     torch.testing.assert_close(response_logits(NoKeep(), ids, mask, 8), full[:, 7:-1], atol=1e-6, rtol=1e-6)
+    head_rows.clear()
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
+    try:  # the torchrun learner's policy is under DDP, whose forward passes every keyword on (DataParallel: the same)
+        torch.testing.assert_close(response_logits(torch.nn.DataParallel(model), ids, mask, 8), full[:, 7:-1])
+    finally:
+        hook.remove()
+    assert head_rows == [13]
 
 
 def test_an_update_on_trimmed_minibatches_gives_the_same_weights(tmp_path):

@@ -520,8 +520,10 @@ class CachedDecoder:
 
 
 def _takes_logits_to_keep(model) -> bool:
-    """Whether ``model`` (or the model under its peft wrapper) can run its LM head on the last columns only."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    """Whether ``model`` (or the model under its DDP and peft wrappers) can run its LM head on the last columns only."""
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)  # forwards that pass keywords on
+    base = model.module if isinstance(model, wrappers) else model
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
     try:
         return "logits_to_keep" in inspect.signature(base.forward).parameters
     except (TypeError, ValueError):  # a forward without a readable signature: the head runs everywhere
