@@ -61,30 +61,26 @@ def test_the_lm_head_runs_on_the_response_columns_only_and_gives_the_full_forwar
     ids = torch.randint(5, 200, (3, 20))
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # a shorter, left-padded prompt
-    head_rows = []
-    hook = model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
-    try:
-        logp, _ = response_logprobs(model, ids, mask, prompt_len=8)
-        position_ids = position_ids_from_mask(mask)
-        full = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits
-    finally:
-        hook.remove()
-    assert head_rows == [13, 20]  # T + 1 = 20 - 8 + 1 columns for the response, all 20 for the plain forward
-    expected = torch.log_softmax(full[:, 7:-1], -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
-    torch.testing.assert_close(logp, expected, atol=1e-6, rtol=1e-6)
 
     class NoKeep(torch.nn.Module):  # a causal LM whose forward takes no logits_to_keep: every column, the same slice
         def forward(self, input_ids, attention_mask, position_ids):
             return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
 
-    torch.testing.assert_close(response_logits(NoKeep(), ids, mask, 8), full[:, 7:-1], atol=1e-6, rtol=1e-6)
-    head_rows.clear()
+    head_rows = []
     hook = model.lm_head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[1]))
-    try:  # the torchrun learner's policy is under DDP, whose forward passes every keyword on (DataParallel: the same)
-        torch.testing.assert_close(response_logits(torch.nn.DataParallel(model), ids, mask, 8), full[:, 7:-1])
+    try:
+        logp, _ = response_logprobs(model, ids, mask, prompt_len=8)
+        full = model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask)).logits
+        no_keep = response_logits(NoKeep(), ids, mask, 8)
+        # the torchrun learner's policy is under DDP, whose forward passes every keyword on (DataParallel: the same)
+        wrapped = response_logits(torch.nn.DataParallel(model), ids, mask, 8)
     finally:
         hook.remove()
-    assert head_rows == [13]
+    assert head_rows == [13, 20, 20, 13]  # T + 1 = 20 - 8 + 1 columns for the response, all 20 where no cut is asked
+    expected = torch.log_softmax(full[:, 7:-1], -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(no_keep, full[:, 7:-1], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(wrapped, full[:, 7:-1])
 
 
 def test_an_update_on_trimmed_minibatches_gives_the_same_weights(tmp_path):

@@ -54,8 +54,9 @@ def leave_a_core_free() -> int:
     """
     import torch
 
-    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > default_threads():
-        torch.set_num_threads(default_threads())
+    cap = default_threads()
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cap:
+        torch.set_num_threads(cap)
     return torch.get_num_threads()
 
 
