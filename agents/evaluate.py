@@ -124,8 +124,8 @@ def _rows(episodes, prompt_len: int) -> list[dict]:
         n = int(episodes["response_length"][i])
         rows.append({"prompt": episodes["prompt"][i], "response": episodes["response"][i], "kl": float(kl[i]),
                      "ids": episodes["input_ids"][i, prompt_len : prompt_len + n].tolist(),
-                     **{k: episodes[k][i].item() for k in ("rm_score", "score_reward", "gold_score",
-                                                            "response_length")}})  # fmt: skip
+                     **{k: episodes[k][i].item() for k in ("rm_score", "score_reward", "eos_penalty", "gold_score",
+                                                            "response_length", "length_capped")}})  # fmt: skip
     return rows
 
 
@@ -169,13 +169,14 @@ def evaluate(
             override them.
 
     KL to π_ref per sequence is Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over the sampled tokens
-    (the k1 estimate, unbiased under π); the objective is score − β·KL with the env's β
-    (``kl_coef`` in the result).
+    (the k1 estimate, unbiased under π); the objective is the return the env pays, score − missing-EOS
+    penalty − β·KL with the env's β (``kl_coef`` in the result).
 
     Returns:
-        ``rm_score``, ``score`` (normalised), ``gold_score``, ``kl``, ``objective``,
-        ``response_length`` as ``(mean, std)``; ``distinct_1``, ``distinct_2``, ``kl_coef``,
-        ``seconds``, ``episodes``; ``samples``: the first episodes' prompt, response and scores.
+        ``rm_score``, ``score`` (normalised), ``eos_penalty`` (0 or minus the penalty), ``gold_score``,
+        ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
+        of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
+        ``samples``: the first episodes' prompt, response and scores.
     """
     run_of = policy if run_of is None else run_of
     env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)
@@ -236,16 +237,18 @@ def _progress_bar(episodes: int, progress: bool | str):
 
 
 def _summary(rows: list[dict], beta: float, seconds: float) -> dict[str, Any]:
+    """Means and stds of the rows; the objective is what the env pays: score − missing-EOS penalty − β·KL."""
     for r in rows:
-        r["objective"] = r["score_reward"] - beta * r["kl"]
+        r["objective"] = r["score_reward"] + r["eos_penalty"] - beta * r["kl"]  # eos_penalty is 0 or −penalty
 
     def stat(key: str) -> tuple[float, float]:
         values = np.array([r[key] for r in rows], dtype=np.float64)
         return float(values.mean()), float(values.std())
 
-    names = {"rm_score": "rm_score", "score": "score_reward", "gold_score": "gold_score", "kl": "kl",
-             "objective": "objective", "response_length": "response_length"}  # fmt: skip
+    names = {"rm_score": "rm_score", "score": "score_reward", "eos_penalty": "eos_penalty", "gold_score": "gold_score",
+             "kl": "kl", "objective": "objective", "response_length": "response_length"}  # fmt: skip
     result: dict[str, Any] = {key: stat(src) for key, src in names.items()}
+    result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
     result["kl_coef"] = beta
