@@ -91,7 +91,9 @@ class PPOConfig:
         reward_timeout: seconds the env waits for each reward-model call before the run stops with an error
             naming the model (None: wait forever). Generous: a large RM on a CPU scores a batch in seconds.
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
-        target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed.
+        target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed. The KL is the
+            sampling distribution's: under top_k/top_p it includes the truncation's own KL to π_ref (> 0 at
+            initialisation; docs/training.md), so the target must exceed it.
         kl_horizon: horizon (in episodes) of the adaptive controller (Ziegler et al., 2019).
         kl_penalty: how β·KL(π‖π_ref) enters: ``k1_reward`` (default: −β·log(π_old/π_ref) in each
             token's reward; its expected gradient is exactly that of the KL-regularised

@@ -29,6 +29,11 @@ class AdaptiveKLController:
 
     e = clip(KL / target − 1, −0.2, 0.2);  β ← β · (1 + e · n_steps / horizon),
     with ``n_steps`` the episodes of the batch and ``horizon`` in episodes.
+
+    KL is the rollout's mean per-sequence k1 estimate Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) under the
+    distribution the tokens were sampled from. With top-k/top-p sampling that is the truncated π, so
+    the target includes the truncation's own KL(π_truncated ‖ π_ref), > 0 already at initialisation
+    (measured in docs/training.md): a target below it makes β grow whatever the policy does.
     """
 
     value: float
