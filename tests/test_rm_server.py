@@ -212,6 +212,29 @@ def test_the_textgym_route_carries_prompt_and_response_apart():
     assert split == [2.0] and joined == [5.0]
 
 
+def test_the_openrlhf_route_splits_each_query_at_the_prompt_openrlhf_sends_and_answers_as_openrlhf_does():
+    """Issue 37.8: OpenRLHF sends ``prompts`` beside ``query`` (prompt + response) and reads ``rewards``,
+    ``scores`` and ``extra_logs``; the route ignored ``prompts``, so a response-only model scored the prompt too.
+    """
+    body = {"query": ["<s>abcde", "xyz"], "prompts": ["abc", "x"], "labels": ["", ""]}
+    with TestClient(create_app(make_reward_model(constant_rm))) as client:
+        answer = client.post("/get_reward", json=body).json()
+    assert answer == {"rewards": [2.0, 2.0], "scores": [2.0, 2.0], "extra_logs": {}}
+
+
+@pytest.mark.parametrize(
+    ("body", "pattern"),
+    [
+        ({"query": ["abcde"], "prompts": ["zz"]}, "query[0] does not contain prompts[0] ('zz')"),
+        ({"query": ["abcde"], "prompts": ["a", "b"]}, "'query' holds 1 items and 'prompts' 2"),
+    ],
+)
+def test_an_openrlhf_request_whose_prompts_do_not_match_is_refused(body, pattern):
+    with TestClient(create_app(make_reward_model(constant_rm))) as client:
+        answer = client.post("/get_reward", json=body)
+    assert answer.status_code == 422 and pattern in answer.json()["error"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "pattern"),
     [

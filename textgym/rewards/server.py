@@ -4,9 +4,11 @@ Needs the ``serve`` extra (``pip install 'textgym[serve]'``); nothing else in te
 
 Routes:
 
-- ``POST /get_reward`` — OpenRLHF's protocol: ``{"query": [prompt + response, ...]}`` → ``{"rewards": [...]}``.
-  Each query is scored as a response with an empty prompt, which for a prompt + response model is the same
-  text; a response-only model needs the next route.
+- ``POST /get_reward`` — OpenRLHF's protocol: ``{"query": [prompt + response, ...], "prompts": [...]}`` →
+  ``{"rewards": [...], "scores": [...], "extra_logs": {}}`` (what OpenRLHF's own ``serve_rm`` answers; ``scores``
+  equal ``rewards``; ``labels`` are not read). Each query is split after the first occurrence of its prompt
+  (what precedes it, e.g. a BOS token the decode kept, is dropped); without ``prompts`` a query is scored as a
+  response with an empty prompt, which for a prompt + response model is the same text.
 - ``POST /score`` — textgym's: ``{"prompts": [...], "responses": [...]}`` (optionally ``prompt_ids`` and
   ``response_ids``, the client env's token ids, for models that count tokens) → ``{"rewards": [...]}``.
 - ``GET /health`` → ``{"status": "ok", "reward_model": NAME, "score_calls": N, "norm": {...} or null}``
@@ -174,8 +176,7 @@ def parse_episodes(route: str, body: Any, tokenizer, limit: int = MAX_ITEMS) -> 
     if not isinstance(body, dict):
         raise RequestError(422, f"the body must be a JSON object, got {type(body).__name__}")
     if route == "get_reward":
-        responses = _strings(body, "query", limit)
-        prompts = [""] * len(responses)
+        prompts, responses = _split_queries(_strings(body, "query", limit), body, limit)
     else:
         prompts, responses = _strings(body, "prompts", limit), _strings(body, "responses", limit)
         if len(prompts) != len(responses):
@@ -188,6 +189,28 @@ def parse_episodes(route: str, body: Any, tokenizer, limit: int = MAX_ITEMS) -> 
     if response_ids is None:
         response_ids = _encode(tokenizer, responses)
     return Episodes(prompts, responses, prompt_ids, response_ids)
+
+
+def _split_queries(queries: list[str], body: dict[str, Any], limit: int) -> tuple[list[str], list[str]]:
+    """(prompts, responses) of OpenRLHF's queries: each split after its prompt, when the body sends ``prompts``.
+
+    Why: OpenRLHF sends the prompt beside each prompt + response query; a response-only reward model must
+    score the response alone, and a prompt + response model gets the same text either way.
+    """
+    if body.get("prompts") is None:
+        return [""] * len(queries), queries
+    prompts = _strings(body, "prompts", limit)
+    if len(prompts) != len(queries):
+        raise RequestError(422, f"'query' holds {len(queries)} items and 'prompts' {len(prompts)}; "
+                           "give one prompt per query")  # fmt: skip
+    responses = []
+    for i, (query, prompt) in enumerate(zip(queries, prompts, strict=True)):
+        at = query.find(prompt)
+        if at < 0:
+            raise RequestError(422, f"query[{i}] does not contain prompts[{i}] ({prompt[:80]!r}); each query "
+                               "must be its prompt followed by the response")  # fmt: skip
+        responses.append(query[at + len(prompt) :])
+    return prompts, responses
 
 
 def _encode(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -232,7 +255,10 @@ def create_app(model: RewardModel, tokenizer=None, max_batch: int = 64, max_item
             return JSONResponse({"error": str(err)}, status_code=err.status)
         except RewardModelError as err:
             return JSONResponse({"error": str(err)}, status_code=500)
-        return JSONResponse({"rewards": [float(s) for s in scores]})
+        rewards = [float(s) for s in scores]
+        if route == "get_reward":  # OpenRLHF reads scores (for dynamic filtering) and extra_logs beside rewards
+            return JSONResponse({"rewards": rewards, "scores": rewards, "extra_logs": {}})
+        return JSONResponse({"rewards": rewards})
 
     @app.post("/get_reward")
     async def get_reward(request: Request) -> JSONResponse:
