@@ -42,6 +42,32 @@ def test_a_response_that_lists_hedges_or_states_nothing_commits_to_nothing(respo
     assert committed_answer(response, OPERANDS) is None
 
 
+@pytest.mark.parametrize("response", [
+    "The answer is not 85.",              # a denial states no answer
+    "It isn't 84; 85",                    # a denial in the working
+    "The answer is 84.\nActually 85.",    # a later correction
+    "Answer: 85. Wait, that is wrong.",   # a correction without a number
+    "85 or eighty-six",                   # number words are numbers
+    "The answer is 85 or eighty six.",    # likewise after a statement
+    "eighty-five, or 86",                 # likewise
+])  # fmt: skip
+def test_a_denial_a_correction_or_an_alternative_in_words_commits_to_nothing(response):
+    """Issue 37.8: these were paid (rule 2 saw one digit number; a statement ignored what came after it)."""
+    assert committed_answer(response, OPERANDS) is None
+
+
+@pytest.mark.parametrize(("response", "expected"), [
+    ("thirty-seven plus forty-eight is eighty-five", 85),
+    ("The answer is eighty five.", 85),
+    ("One hundred and twelve", 112),
+    ("This one is easy: 85", 85),          # "one" after a determiner is a pronoun
+    ("The answer is 85. 37 + 48 = 85, as 7 + 8 = 15.", None),   # 7, 8, 15 after the statement: not one answer
+    ("The answer is 85.\nCheck: 37 + 48 = 85.", 85),            # only operands and the answer after it
+])  # fmt: skip
+def test_number_words_are_read_as_numbers(response, expected):
+    assert committed_answer(response, OPERANDS) == expected
+
+
 def test_numbers_are_read_with_signs_commas_and_fractions():
     assert integers("1,234 and -5, then 2.50 and 3.0; x2 is no number") == [1234, -5, None, 3]
     assert committed_answer("Answer: 1,234", (600, 634)) == 1234
@@ -76,3 +102,10 @@ def test_the_shipped_addition_sets_are_what_the_module_writes_and_hold_out_whole
     assert len(train) + len(held_out) == 81 and len(pairs["eval"]) == 12  # every ordered a + b of 1-9 once
     assert not pairs["train"] & pairs["eval"]  # no pair, in either order, is asked in training
     assert all(min(AdditionAnswerVerifier.operands(p)) >= 1 for p in train + held_out)  # no operand is the answer
+
+
+def test_the_addition_verifier_pays_nothing_for_a_denial_a_correction_or_an_alternative_in_words():
+    """Issue 37.8: the three responses the issue found paid 1.0 for "What is 3 + 4?"."""
+    responses = ["The answer is not 7.", "The answer is 7.\nActually 8.", "7 or eight", "The answer is 7."]
+    got = AdditionAnswerVerifier().score(_episodes(["What is 3 + 4?"] * 4, responses))
+    np.testing.assert_array_equal(got, [0.0, 0.0, 0.0, 1.0])
