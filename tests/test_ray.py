@@ -61,6 +61,20 @@ def test_config_refuses_worker_settings_it_cannot_honour():
         PPOConfig(async_rollout=True)
 
 
+def test_a_worker_runs_in_the_runs_deterministic_mode(tmp_path):
+    """Issue 37.8: ``--deterministic`` reached the learner only; a worker sampled with torch's default kernels."""
+    from textgym.agents.ppo.ray_rollout import RolloutWorker
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        worker = RolloutWorker(tiny(tmp_path, deterministic=True).to_dict(), {}, 0, 2, bf16=False)
+        assert torch.are_deterministic_algorithms_enabled()
+        worker.close()
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
 def test_the_worker_settings_are_train_flags():
     import argparse
 

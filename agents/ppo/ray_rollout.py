@@ -128,10 +128,13 @@ class RolloutWorker:
             check_package_home(learner_home)
         from textgym.models import resolve_device
         from textgym.policies import LMSampler
+        from textgym.threads import use_threads
 
         cfg = PPOConfig(**config)
         device = resolve_device(cfg.device)
-        torch.set_num_threads(_assigned_cpus())  # as many torch threads as CPUs Ray gave it: no oversubscription
+        # as many torch threads as CPUs Ray gave it (no oversubscription), in the run's deterministic mode:
+        # the worker's sampling kernels are part of the run's numbers, as the learner's are
+        use_threads(_assigned_cpus(), cfg.deterministic)
         self.envs = make_envs(cfg, num_slots, device, env_overrides)
         self.policy = make_policy(cfg, self.envs.unwrapped)
         self.policy.requires_grad_(False)  # sampling only
