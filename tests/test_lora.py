@@ -111,3 +111,21 @@ def test_a_critic_copied_from_the_lora_policy_body_trains_its_adapters_and_head_
     resumed.load(tmp_path / "checkpoint")
     for (name, a), b in zip(trainer.critic.named_parameters(), resumed.critic.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_pi_ref_scored_at_the_episodes_end_runs_with_the_adapters_off(trained):
+    """The collectors' teacher-forced π_ref pass goes through reference_context (adapters disabled), as each step's
+    cached π_ref forward does: both give the shipped π_ref's log-probs, never the moved policy's."""
+    from test_reference_scoring import assert_same_episodes, both_ways
+
+    from textgym.policies import LMSampler
+
+    trainer, _, _ = trained
+    step, episode = both_ways(trainer.envs, lambda: LMSampler.for_env(trainer.policy, trainer.envs, seed=0), seed=11)
+    assert_same_episodes(step, episode)
+    base = trainer.envs.unwrapped
+    mask = episode["mask"].bool()
+    with torch.no_grad():
+        truth, _ = response_logprobs(load_causal_lm(DEFAULT_LM), episode["input_ids"], episode["attention_mask"],
+                                     base.max_prompt_tokens)  # fmt: skip
+    torch.testing.assert_close(episode["ref_logprob"][mask], truth[mask], atol=1e-5, rtol=0)

@@ -158,3 +158,40 @@ def test_two_grpo_iterations_of_the_smollm2_addition_preset_score_with_the_verif
         assert 0.0 <= row["rm_score"] <= 1.0 and row["gold_score"] == row["rm_score"]  # the verifier is both
         assert all(np.isfinite(row[k]) for k in ("kl", "policy_loss", "approx_kl"))
     trainer.envs.close()
+
+
+def test_smollm2_scored_at_the_end_matches_stepping_with_its_chat_template_and_end_of_turn(cache):
+    """The collectors' end-of-episode π_ref pass against the per-step cached decode, on a real model.
+
+    Both are fp32 roundings of one function: on SmolLM2 each is up to about 3e-5 from an fp64 forward at log-probs
+    near -10, and they differ from each other by up to about 2e-5; so the check is 1e-5 relative (|Δ| <= 1e-5 ·
+    max(1, |log π_ref|)), and the end-of-episode values must be as close to fp64 as the stepped ones.
+    """
+    import copy
+
+    from test_reference_scoring import StopAt, both_ways
+
+    from textgym.episodes import make_episode_envs
+    from textgym.models import response_logprobs
+    from textgym.policies import LMSampler
+
+    envs = make_episode_envs("TextRLHF-v0", 3, model=NAME, chat_template=True, prompts="review-requests",
+                             reward_model="default-response", normalize_reward=False, max_new_tokens=10)  # fmt: skip
+    base = envs.unwrapped
+    im_end = base.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def policy():  # slot 1 ends its turn at its 4th token, the others reach the cap
+        return StopAt(LMSampler.for_env(base.model, envs, seed=0), [None, 3, None], im_end)
+
+    a, b = both_ways(envs, policy)
+    m = a["mask"]
+    assert torch.equal(m, b["mask"]) and a["response_length"].tolist() == [10, 4, 10]
+    assert torch.equal(a["rm_score"], b["rm_score"]) and list(a["response"]) == list(b["response"])
+    gap = (a["ref_logprob"] - b["ref_logprob"]).abs()[m]
+    assert (gap <= 1e-5 * a["ref_logprob"].abs()[m].clamp(min=1)).all(), gap.max()
+    assert ((a["env_reward"] - b["env_reward"]).abs() <= 1e-5).all()
+    with torch.no_grad():
+        exact, _ = response_logprobs(copy.deepcopy(base.model).double(), b["input_ids"], b["attention_mask"],
+                                     base.max_prompt_tokens)  # fmt: skip
+    step_err, episode_err = ((x["ref_logprob"].double() - exact).abs()[m].max() for x in (a, b))
+    assert episode_err <= 2 * step_err + 1e-6, (episode_err, step_err)

@@ -7,6 +7,15 @@ episode so an update runs one teacher-forced forward per sequence. TorchRL's col
 fixed-length time slices with auto-reset, which cut episodes across batches; so this loop drives
 the Gymnasium vector env directly, with autoreset disabled: a finished slot waits (its action is
 ignored) until every slot has finished.
+
+Speed by design: the rewards are read only once the episodes have ended, so the loop asks the env
+to score π_ref at each episode's end (``reference_scoring="episode"``): one teacher-forced forward
+over the finished episodes instead of a cached π_ref decode beside the policy at every step. The
+env's ``token_rewards`` put back on the tokens give the per-step rewards stepping pays (see
+``TextRLHFEnv``, Rewards). The policy's autocast region is opened once for the whole loop, so its
+fp32 weights are cast to bf16 once per rollout, not once per token (autocast caches the casts of
+the weights that require grad until the outermost region closes); the env runs π_ref and the
+reward models outside it.
 """
 
 from __future__ import annotations
@@ -83,6 +92,7 @@ def collect_episodes(
     seed: int | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     timing: dict[str, float] | None = None,
+    reference_scoring: str = "episode",
 ) -> TensorDict:
     """Run one complete episode in each of the first ``num_episodes`` slots of ``envs``.
 
@@ -95,8 +105,11 @@ def collect_episodes(
         prompts: one prompt per episode (default: drawn by the env's per-slot RNGs). Giving the
             same prompt G times makes a group of G episodes on one prompt.
         seed: passed to ``envs.reset`` (slot i is seeded with ``seed + i``).
-        autocast: a context-manager factory the policy's forward runs under.
+        autocast: a context-manager factory the policy's forward runs under (one region for the whole loop).
         timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
+        reference_scoring: how the env scores π_ref for these episodes (``"episode"``: once at each
+            episode's end, the fast path; ``"step"``: a cached forward per step). Both give the same
+            per-token ``ref_logprob`` and ``env_reward`` (to 1e-5); the env's own setting is restored after.
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
@@ -116,20 +129,24 @@ def collect_episodes(
     b = int(running.sum())
     options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
     policy.reset()
-    obs, _ = envs.reset(seed=seed, options=options)
+    before, base.reference_scoring = base.reference_scoring, reference_scoring
+    try:  # the setting applies to the episodes reset here; a running episode keeps its own
+        obs, _ = envs.reset(seed=seed, options=options)
+    finally:
+        base.reference_scoring = before
     buf = _Buffers(n, T, obs["input_ids"].shape[1])
     policy_seconds = 0.0
-    while running.any():
-        tp = time.perf_counter()
-        with autocast():
+    with autocast():
+        while running.any():
+            tp = time.perf_counter()
             actions, logps = policy.act(obs)
-        policy_seconds += time.perf_counter() - tp
-        actions = _as_numpy(actions).astype(np.int64)
-        obs, reward, terminated, truncated, info = envs.step(actions)
-        buf.record_kept(running, getattr(policy, "last_kept", None))
-        ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
-        buf.finish(ended, obs, info)
-        running &= ~ended
+            policy_seconds += time.perf_counter() - tp
+            actions = _as_numpy(actions).astype(np.int64)
+            obs, reward, terminated, truncated, info = envs.step(actions)
+            buf.record_kept(running, getattr(policy, "last_kept", None))
+            ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
+            buf.finish(ended, obs, info)
+            running &= ~ended
     if timing is not None:
         timing.update(seconds=time.perf_counter() - start, policy_seconds=policy_seconds)
     return buf.tensordict(b)
@@ -170,6 +187,12 @@ class _Buffers:
         return running & done
 
     def finish(self, ended: np.ndarray, obs: dict, info: dict) -> None:
+        """Copy the ended slots' observation, results and text; an episode scored at its end also gets each
+        token's log π_ref and reward (``ref_logprobs``, ``token_rewards``), which its steps did not carry."""
+        late = ended & info.get("_token_rewards", np.zeros_like(ended))
+        for s in np.flatnonzero(late):
+            self.per_token["ref_logprob"][s] = info["ref_logprobs"][s]
+            self.per_token["env_reward"][s] = info["token_rewards"][s]
         for s in np.flatnonzero(ended):
             for key in self.obs:
                 self.obs[key][s] = obs[key][s]

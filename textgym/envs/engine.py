@@ -28,13 +28,25 @@ from textgym.envs.checks import (
     resolve_stop_ids,
 )
 from textgym.envs.prompts import load_prompts
-from textgym.models import CachedDecoder, left_pad, load_causal_lm, load_tokenizer, pad_id_for, resolve_device
+from textgym.models import (
+    CachedDecoder,
+    left_pad,
+    load_causal_lm,
+    load_tokenizer,
+    pad_id_for,
+    resolve_device,
+    response_logits,
+)
 from textgym.rewards import Episodes, make_reward_model, score_checked
 from textgym.utils import short_repr
 
-__all__ = ["DEFAULT_KL_COEF", "Engine"]
+__all__ = ["DEFAULT_KL_COEF", "REFERENCE_SCORING", "Engine"]
 
 DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
+# When π_ref scores a token: at its step (a cached forward per step, Gymnasium's per-step reward) or
+# once the episode ends (one teacher-forced forward over the finished episodes; what the collectors use)
+REFERENCE_SCORING = ("step", "episode")
+_TEACHER_FORCED_LOGITS = 2**26  # logits per teacher-forced chunk (256 MiB of fp32): bounds the pass's memory
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
 
@@ -48,6 +60,13 @@ def _fork_safe_threads() -> None:
     """
     if os.getpid() != _IMPORT_PID:
         torch.set_num_threads(1)
+
+
+def check_reference_scoring(reference_scoring: str) -> str:
+    """``reference_scoring``: one of :data:`REFERENCE_SCORING`."""
+    if reference_scoring not in REFERENCE_SCORING:
+        raise ValueError(f"reference_scoring={reference_scoring!r} is not one of {REFERENCE_SCORING}")
+    return reference_scoring
 
 
 def _check_top_p(action_mask_top_p: float | None) -> float | None:
@@ -91,6 +110,7 @@ class Engine:
         device: str | torch.device | None = "cpu",
         dtype: str | torch.dtype | None = None,
         reward_timeout: float | None = None,
+        reference_scoring: str = "step",
     ):
         _fork_safe_threads()
         # the plain arguments first: a bad number is reported before any model is loaded
@@ -100,6 +120,7 @@ class Engine:
         if max_prompt_tokens is not None:
             max_prompt_tokens = check_int("max_prompt_tokens", max_prompt_tokens, 1)
         self.reward_timeout = check_timeout(reward_timeout)
+        self.reference_scoring = reference_scoring
         self.device = resolve_device(device)
         self.kl_coef = kl_coef
         self._load_reference(model, tokenizer, dtype, stop_token_ids, chat_template)
@@ -157,6 +178,7 @@ class Engine:
         self.length = np.zeros(n, dtype=np.int64)  # response tokens so far
         self.started = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
+        self.deferred = np.zeros(n, dtype=bool)  # π_ref scores the slot's episode at its end (reference_scoring)
         self.prompt_text: list[str] = [""] * n
         # π_ref's next-token logits and their log-sum-exp: log π_ref(a|s_t) = logit[a] − lse, one gather
         self.next_logits = torch.zeros(n, self.vocab_size, device=self.device)  # (N, V)
@@ -196,6 +218,15 @@ class Engine:
                 f"with max_new_tokens={max_new_tokens} a prompt may be at most {limit - max_new_tokens} tokens "
                 "(prompts are never truncated)"
             )
+
+    @property
+    def reference_scoring(self) -> str:
+        """``"step"`` or ``"episode"``: how episodes started from now on get log π_ref (a running one keeps its own)."""
+        return self._reference_scoring
+
+    @reference_scoring.setter
+    def reference_scoring(self, value: str) -> None:
+        self._reference_scoring = check_reference_scoring(value)
 
     @property
     def kl_coef(self) -> float:
@@ -259,17 +290,30 @@ class Engine:
         self.input_ids[slots, :P], self.attention_mask[slots, :P] = block_ids, block_mask
         for row, slot in enumerate(slots):
             self.prompt_text[slot] = prompts[row]
-        width = max(len(e) for e in encoded)  # π_ref prefills only the columns some prompt uses
-        slot_t = torch.as_tensor(slots, device=self.device)
-        logits = self.decoder.prefill(
-            slot_t,
-            torch.as_tensor(block_ids[:, P - width :], device=self.device),
-            torch.as_tensor(block_mask[:, P - width :], device=self.device),
-        )
-        self._set_next(slot_t, logits)
+        deferred = self.reference_scoring == "episode"
+        if not deferred:  # an episode scored at its end needs no cache: π_ref reads it whole then
+            width = max(len(e) for e in encoded)  # π_ref prefills only the columns some prompt uses
+            slot_t = torch.as_tensor(slots, device=self.device)
+            with self._reference_forward():
+                logits = self.decoder.prefill(
+                    slot_t,
+                    torch.as_tensor(block_ids[:, P - width :], device=self.device),
+                    torch.as_tensor(block_mask[:, P - width :], device=self.device),
+                )
+            self._set_next(slot_t, logits)
         self.length[slots] = 0
         self.started[slots] = True
         self.done[slots] = False
+        self.deferred[slots] = deferred
+
+    def _reference_forward(self):
+        """The context π_ref's (and the reward models') forwards run in: their own dtypes whatever autocast the
+        caller runs the policy under.
+
+        Why: a collector that keeps one bf16 autocast region open over a whole rollout (so the policy's
+        weights are cast once, not once per step) must not turn π_ref's fp32 log-probs into bf16 ones.
+        """
+        return torch.autocast(self.device.type, enabled=False)
 
     def _set_next(self, rows: torch.Tensor | slice, logits: torch.Tensor) -> None:
         logits = logits[:, : self.vocab_size]  # some checkpoints pad the LM head beyond the vocabulary
@@ -302,8 +346,10 @@ class Engine:
         idx = np.flatnonzero(live)
         acts = torch.as_tensor(actions, device=self.device)
         ref_lp = np.zeros(n, dtype=np.float64)
-        idx_t = torch.as_tensor(idx, device=self.device)
-        ref_lp[idx] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
+        stepped = live & ~self.deferred  # slots whose π_ref log-prob is read now from the cached next-token logits
+        idx_t = torch.as_tensor(np.flatnonzero(stepped), device=self.device)
+        ref_lp[stepped] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
+        ref_lp[live & self.deferred] = np.nan  # known at the episode's end (info["ref_logprobs"])
         col = self.max_prompt_tokens + self.length[idx]
         self.input_ids[idx, col] = actions[idx]
         self.attention_mask[idx, col] = 1
@@ -318,12 +364,13 @@ class Engine:
         ended = stopped | capped
         done_before = self.done.copy()
         self.done |= ended
-        reward = self.kl_coef * ref_lp
+        reward = np.where(stepped, self.kl_coef * ref_lp, 0.0)
         try:
-            final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
-            if (live & ~ended).any():
-                feed = torch.where(torch.as_tensor(live & ~ended, device=self.device), acts, self.eos_id)
-                self._set_next(slice(None), self.decoder.step(feed))  # restores its cache if it raises
+            with self._reference_forward():  # π_ref and the reward models in their own dtypes
+                final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
+                if (stepped & ~ended).any():
+                    feed = torch.where(torch.as_tensor(stepped & ~ended, device=self.device), acts, self.eos_id)
+                    self._set_next(slice(None), self.decoder.step(feed))  # restores its cache if it raises
         except BaseException:
             # Any failure, KeyboardInterrupt and a reward timeout included, leaves no half-applied step:
             # the token is undone so the step can be retried, and no slot is left done without its info.
@@ -355,10 +402,15 @@ class Engine:
         else:
             gold = np.full(len(slots), np.nan)
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
+        late = self._episode_reference(slots[self.deferred[slots]])  # {slot: (T,) log π_ref} of deferred slots
         final = {}
         for k, s in enumerate(slots):
             penalty = self.missing_eos_penalty if capped[s] else 0.0
             reward[s] += score[k] - penalty
+            extra = {}
+            if int(s) in late:  # the whole episode's β·Σ_t log π_ref is paid here, and each token's part is named
+                extra = self._token_rewards(late[int(s)], int(self.length[s]), score[k] - penalty)
+                reward[s] += self.kl_coef * late[int(s)].sum()
             # numpy scalars: TorchRL's info readers need a dtype (a float64 is also a Python float)
             final[int(s)] = {
                 "rm_score": np.float64(rm[k]),
@@ -369,8 +421,53 @@ class Engine:
                 "response": episodes.responses[k],
                 "response_length": np.int64(self.length[s]),
                 "length_capped": np.bool_(capped[s]),
+                **extra,
             }
         return final
+
+    def _token_rewards(self, ref_lp: np.ndarray, length: int, end_reward: float) -> dict[str, np.ndarray]:
+        """The per-token infos of an episode scored at its end: what stepping it would have paid, token by token.
+
+        ``ref_logprobs`` (T,) is log π_ref(a_t|s_t), ``token_rewards`` (T,) is β·log π_ref(a_t|s_t) plus, on the
+        last token, the score minus the missing-EOS penalty; both 0 past the response.
+        """
+        T = self.max_new_tokens
+        ref_logprobs = np.zeros(T, dtype=np.float64)
+        ref_logprobs[:length] = ref_lp
+        token_rewards = self.kl_coef * ref_logprobs
+        token_rewards[length - 1] += end_reward
+        return {"ref_logprobs": ref_logprobs, "token_rewards": token_rewards}
+
+    @torch.no_grad()
+    def _episode_reference(self, slots: np.ndarray) -> dict[int, np.ndarray]:
+        """log π_ref(a_t|s_t) of every response token of the finished ``slots``, in teacher-forced forwards.
+
+        The observation holds the whole episode, so one forward over it gives every token's π_ref
+        log-prob at once (causal attention: column c sees columns ≤ c, as the cached step did). Rows
+        go in chunks that bound the logits' memory; columns start at the chunk's longest prompt (the
+        padding left of it is masked anyway) and stop at its longest response.
+
+        Returns:
+            ``{slot: (length,) float64}``.
+        """
+        out: dict[int, np.ndarray] = {}
+        if slots.size == 0:
+            return out
+        P = self.max_prompt_tokens
+        lengths = self.length[slots]
+        rows = max(1, _TEACHER_FORCED_LOGITS // ((int(lengths.max()) + 1) * self.vocab_size))
+        for i in range(0, len(slots), rows):
+            chunk, width = slots[i : i + rows], int(lengths[i : i + rows].max())
+            prompt = int(self.attention_mask[chunk, :P].sum(1).max())  # the chunk's longest prompt, as in prefill
+            cols = slice(P - prompt, P + width)
+            ids = torch.as_tensor(self.input_ids[chunk, cols], device=self.device)  # (k, prompt + width)
+            mask = torch.as_tensor(self.attention_mask[chunk, cols], device=self.device)
+            with self.decoder.context():
+                logits = response_logits(self.model, ids, mask, prompt)[..., : self.vocab_size].float()  # (k, width, V)
+            logp = logits.gather(-1, ids[:, prompt:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (k, width)
+            for row, s in enumerate(chunk):
+                out[int(s)] = logp[row, : self.length[s]].double().cpu().numpy()
+        return out
 
     def action_masks(self) -> np.ndarray:
         """``(N, V)`` bool: π_ref's top-p tokens at each slot's state (all True without ``action_mask_top_p``).
@@ -381,6 +478,11 @@ class Engine:
         n = self.next_logits.shape[0]
         if self.action_mask_top_p is None:
             return np.ones((n, self.vocab_size), dtype=bool)
+        if (self.deferred & self.started & ~self.done).any():
+            raise RuntimeError(
+                "action_masks() needs π_ref's next-token distribution at every step, which an episode started with "
+                "reference_scoring='episode' does not compute; use reference_scoring='step' with action_mask_top_p"
+            )
         probs = torch.softmax(self.next_logits, dim=-1)
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(-1) - sorted_probs  # mass of the tokens ranked above

@@ -121,6 +121,13 @@ _DOC_ARGS = """
         reward_timeout: seconds to wait for each ``score`` call of the reward model and the gold
             scorer (default None: no limit); a call that hangs longer raises ``RewardModelError``
             naming the model and the batch, and is abandoned (a thread cannot be stopped).
+        reference_scoring: when π_ref scores the tokens. ``"step"`` (default): a cached π_ref
+            forward on every step pays ``kl_coef · log π_ref(a_t|s_t)`` at that step. ``"episode"``:
+            no π_ref forward while the episode runs; when it ends, one teacher-forced forward over
+            the finished episodes gives every token's log π_ref at once, the last step pays
+            ``kl_coef · Σ_t log π_ref(a_t|s_t)`` plus the score, and its info names each token's part
+            (``ref_logprobs``, ``token_rewards``). The return is the same (see Rewards); what
+            textgym's own collectors use. Settable between episodes (``env.reference_scoring``).
 """
 
 
@@ -150,6 +157,14 @@ class TextRLHFEnv(gym.Env):
         of its own sample gets the per-token KL-penalised reward −β·log(π/π_ref) (+ score),
         whose return is that of E[score] − β·KL(π‖π_ref) (an entropy bonus β is not equivalent).
         ``info["ref_logprob"]`` is log π_ref(a_t | s_t) on every step.
+
+        With ``reference_scoring="episode"`` the steps before the last pay 0 and have no
+        ``ref_logprob``; the last pays ``kl_coef · Σ_t log π_ref(a_t|s_t)`` + score − penalty, the
+        sum of what every step would have paid, so the undiscounted return is the same. Its info adds
+        ``ref_logprobs`` and ``token_rewards`` (``(max_new_tokens,)`` float64, 0 past the response): each
+        token's log π_ref and the reward stepping pays on it. A collector that writes
+        ``token_rewards`` back onto the tokens has exactly the per-step rewards (to float rounding:
+        teacher forcing and the cached step run other kernels, |Δ log π_ref| ≤ 1e-5 in fp32).
 
     Starting State:
         A prompt drawn uniformly from ``prompts`` with ``self.np_random``, or
@@ -196,7 +211,9 @@ class TextRLHFEnv(gym.Env):
             text in prompts is encoded as text (it was parsed); ``reward_timeout``; ``render_mode=
             "rgb_array"`` draws the text as a frame (SB3's ``make_vec_env`` asks for it); numeric infos are
             numpy scalars (TorchRL's info readers need a dtype; a ``float64`` is still a Python float); in a
-            process forked after textgym's import, torch runs on one thread (``AsyncVectorEnv`` hung).
+            process forked after textgym's import, torch runs on one thread (``AsyncVectorEnv`` hung);
+            ``reference_scoring`` (default ``"step"``, the per-step reward as before); π_ref's forwards
+            ignore an autocast region the caller opened (they run in the env's ``dtype``).
 
     Example:
         >>> import gymnasium as gym, textgym
@@ -236,6 +253,11 @@ class TextRLHFEnv(gym.Env):
     stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
+    reference_scoring = property(
+        lambda self: self._engine.reference_scoring,
+        lambda self, v: setattr(self._engine, "reference_scoring", v),
+        doc='``"step"`` or ``"episode"`` (see Arguments): applies to the episodes started after it is set',
+    )
 
     def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
         """The token ids π_ref is fed for each of ``prompts`` (the chat template applied when the env uses one):
@@ -273,8 +295,10 @@ class TextRLHFEnv(gym.Env):
         if e.done[0]:
             raise RuntimeError("step() called after the episode ended (terminated or truncated); call env.reset()")
         a = _check_action(action, e.vocab_size)
+        deferred = bool(e.deferred[0])
         out = e.advance(np.array([a], dtype=np.int64), np.ones(1, dtype=bool))
-        info = {"ref_logprob": np.float64(out["ref_logprob"][0]), **out["final"].get(0, {})}
+        info = {} if deferred else {"ref_logprob": np.float64(out["ref_logprob"][0])}
+        info.update(out["final"].get(0, {}))
         return e.observation(0), float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
 
     def action_masks(self) -> np.ndarray:
@@ -378,6 +402,7 @@ class TextRLHFVectorEnv(VectorEnv):
     stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
     kl_coef = TextRLHFEnv.kl_coef
+    reference_scoring = TextRLHFEnv.reference_scoring
     reference_context = TextRLHFEnv.reference_context
 
     def draw_prompts(self, slots) -> list[str]:
@@ -472,12 +497,13 @@ class TextRLHFVectorEnv(VectorEnv):
         # With autoreset disabled a finished slot waits for reset(options={"reset_mask": ...}): its
         # action is ignored, as on NEXT_STEP's reset step (reward 0, not terminated, "_ref_logprob" False).
         live = e.started & ~e.done & ~resetting
+        stepped = live & ~e.deferred  # slots whose step has a ref_logprob (the others get theirs at the end)
         out = e.advance(actions.astype(np.int64), live)
         ended = out["terminated"] | out["truncated"]
         if resetting.any():
             self._start(np.flatnonzero(resetting))
         # Per-step info as whole arrays: one _add_info call per slot would cost a Python call per slot and step.
-        shown = live & ~ended if mode == AutoresetMode.SAME_STEP else live
+        shown = stepped & ~ended if mode == AutoresetMode.SAME_STEP else stepped
         info: dict[str, Any] = {"ref_logprob": np.where(shown, out["ref_logprob"], 0.0), "_ref_logprob": shown}
         if mode == AutoresetMode.SAME_STEP and ended.any():
             # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
@@ -517,14 +543,17 @@ def _batched_infos(per_slot: dict[int, dict[str, Any]], num_envs: int) -> dict[s
     """Per-slot infos in Gymnasium's vector layout: one ``(N,)`` array per key and its ``_key`` mask.
 
     Why not ``VectorEnv._add_info``: it turns a ``np.bool_`` into an object array; here every
-    numpy scalar keeps its dtype (what TorchRL's info readers take), text goes in object arrays.
+    numpy scalar keeps its dtype (what TorchRL's info readers take), a numeric array becomes one
+    ``(N, *shape)`` array, text goes in object arrays.
     """
     out: dict[str, np.ndarray] = {}
     for slot, info in per_slot.items():
         for key, value in info.items():
             if key not in out:
-                numeric = isinstance(value, (np.generic, bool, int, float)) and not isinstance(value, np.str_)
-                out[key] = np.zeros(num_envs, np.asarray(value).dtype) if numeric else np.full(num_envs, None, object)
+                numeric = isinstance(value, (np.generic, np.ndarray, bool, int, float))
+                numeric = numeric and not isinstance(value, np.str_)
+                shape = (num_envs, *np.shape(value))
+                out[key] = np.zeros(shape, np.asarray(value).dtype) if numeric else np.full(num_envs, None, object)
                 out[f"_{key}"] = np.zeros(num_envs, dtype=bool)
             out[key][slot] = value
             out[f"_{key}"][slot] = True
