@@ -34,6 +34,54 @@ def test_a_missing_backend_is_refused_before_the_run_starts(monkeypatch):
         check_reporters("wandb")
 
 
+@pytest.fixture
+def no_backend_settings(tmp_path, monkeypatch):
+    """A new user's shell: no W&B login, no MLflow settings, the working directory a fresh folder."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "MLFLOW_TRACKING_URI",
+                 "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_EXPERIMENT_NAME"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HOME", "WANDB_CONFIG_DIR", "WANDB_DIR", "WANDB_CACHE_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_wandb_without_a_login_is_refused_in_one_line_before_the_run_folder(no_backend_settings):
+    """Issue 37.9: wandb.init raised its own UsageError traceback after the run folder was made."""
+    out = no_backend_settings / "run"
+    cfg = PPOConfig(**{**PRESETS["tiny"], "out": str(out), "total_episodes": 8, "report_to": "wandb"})
+    with pytest.raises(ValueError, match=r"report_to='wandb': .*`wandb login`.*WANDB_MODE=offline") as err:
+        train(cfg)
+    assert "\n" not in str(err.value) and not out.exists()
+
+
+def test_mlflow_without_settings_reports_to_a_local_store_in_the_working_directory(no_backend_settings):
+    """Issue 37.9: mlflow-skinny failed on MLflow's own default store (SQLite, which it cannot open)."""
+    from mlflow.tracking import MlflowClient
+
+    from textgym.agents.ppo.reporting import make_reporter, mlflow_tracking_uri
+
+    reporter = make_reporter("mlflow", no_backend_settings / "run", {"seed": 0})
+    reporter.log_row({"iteration": 1, "kl": 0.5})
+    reporter.close()
+    uri = mlflow_tracking_uri()
+    assert uri.startswith(("file:", "sqlite:")) and str(no_backend_settings) in uri
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("textgym").experiment_id])
+    assert run.data.metrics == {"ppo/kl": 0.5}
+
+
+def test_an_mlflow_store_that_cannot_open_is_refused_in_one_line(no_backend_settings, monkeypatch):
+    from textgym.agents.ppo.reporting import check_backends
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (no_backend_settings / "mlruns").as_uri())  # no MLFLOW_ALLOW_FILE_STORE
+    with pytest.raises(ValueError, match=r"report_to='mlflow': MLflow cannot open the tracking store 'file:.*"
+                       r"MLFLOW_ALLOW_FILE_STORE=true") as err:  # fmt: skip
+        check_backends("mlflow")
+    assert "\n" not in str(err.value)
+
+
 def test_metric_names():
     assert metric_name("kl") == "ppo/kl" and metric_name("eval_score") == "eval/score"
 

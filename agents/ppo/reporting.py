@@ -8,12 +8,14 @@ at the end. Metric names are the same everywhere: ``ppo/<key>`` for a ``metrics.
 - ``tensorboard``: event files in ``OUT/tensorboard`` (the default).
 - ``wandb``: a Weights & Biases run (project ``$WANDB_PROJECT`` or ``textgym``, named after ``OUT``, files in
   ``OUT/wandb``); ``WANDB_MODE=offline`` keeps it on disk (``wandb sync`` uploads it later).
-- ``mlflow``: an MLflow run in ``$MLFLOW_TRACKING_URI`` (MLflow's default store otherwise), experiment
-  ``$MLFLOW_EXPERIMENT_NAME`` or ``textgym``; the config as parameters and ``config.json``, samples as JSON
-  tables under ``samples/``.
+- ``mlflow``: an MLflow run in ``$MLFLOW_TRACKING_URI``, else a local store in the working directory
+  (:func:`mlflow_tracking_uri`), experiment ``$MLFLOW_EXPERIMENT_NAME`` or ``textgym``; the config as
+  parameters and ``config.json``, samples as JSON tables under ``samples/``.
 - ``none``: only the run folder's own files.
 
 wandb and mlflow are optional (``pip install 'textgym[report]'``) and imported only when asked for.
+:func:`check_backends`, called when a run starts, opens each named backend's store or login first, so a
+missing login or an unusable store is one line naming the fix, before the run folder is touched.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ REPORTERS = ("tensorboard", "wandb", "mlflow")
 _PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # what each one imports
 SAMPLE_COLUMNS = ("iteration", "prompt", "response", "score", "gold_score", "kl")
 
-__all__ = ["REPORTERS", "Reporter", "check_reporters", "make_reporter", "metric_name", "parse_report_to"]
+__all__ = ["REPORTERS", "Reporter", "check_backends", "check_reporters", "make_reporter", "metric_name",
+           "mlflow_tracking_uri", "parse_report_to"]  # fmt: skip
+WANDB_LOCAL_MODES = ("offline", "disabled", "dryrun")  # WANDB_MODE values that need no login
 
 
 class Reporter(Protocol):
@@ -71,6 +75,66 @@ def check_reporters(report_to: str) -> tuple[str, ...]:
         raise ValueError(f"report_to={report_to!r}: {', '.join(missing)} is not installed; "
                          "pip install 'textgym[report]'")  # fmt: skip
     return names
+
+
+def check_backends(report_to: str) -> None:
+    """Open each backend ``report_to`` names as the run will (a W&B login, an MLflow store), at the run's start.
+
+    Why: ``wandb.init`` without a login and an MLflow store the installed package cannot open fail with a
+    library traceback after the run folder exists; checked first, each is one line that names the fix.
+
+    Raises:
+        ValueError: naming ``report_to``, what failed and how to fix it.
+    """
+    names = check_reporters(report_to)
+    if "wandb" in names and os.environ.get("WANDB_MODE", "").lower() not in WANDB_LOCAL_MODES:
+        import wandb
+
+        if not wandb.login(prompt=False, verify=False):  # credentials from the env, settings or .netrc; no network
+            raise ValueError(
+                "report_to='wandb': no W&B login found; run `wandb login` (or set WANDB_API_KEY), or set "
+                "WANDB_MODE=offline to keep the run on disk (`wandb sync` uploads it later)"
+            )
+    if "mlflow" in names:
+        _mlflow_client()
+
+
+def mlflow_tracking_uri() -> str:
+    """The MLflow store a run reports to: ``$MLFLOW_TRACKING_URI``, else a local one in the working directory.
+
+    MLflow's own default is ``sqlite:///mlflow.db``, which needs SQLAlchemy: the full ``mlflow`` package has
+    it, ``mlflow-skinny`` does not and fails on that default. Without SQLAlchemy the local store is MLflow's
+    file store ``./mlruns`` (``mlflow ui --backend-store-uri ./mlruns`` shows it).
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        return f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    return (Path.cwd() / "mlruns").as_uri()
+
+
+def _mlflow_client():
+    """An ``MlflowClient`` on :func:`mlflow_tracking_uri`.
+
+    Raises:
+        ValueError: the store cannot be opened, naming it and the settings that fix it.
+    """
+    from mlflow.tracking import MlflowClient
+
+    uri = mlflow_tracking_uri()
+    if "MLFLOW_TRACKING_URI" not in os.environ and uri.startswith("file:"):
+        # textgym's own default: MLflow 3 opens a file store only with this opt-in, which choosing it gives
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    try:
+        return MlflowClient(tracking_uri=uri)
+    except Exception as err:  # MLflow raises several types here (MlflowException, UnsupportedModelRegistry…)
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"report_to='mlflow': MLflow cannot open the tracking store {uri!r} ({reason[:300]}); set "
+            "MLFLOW_TRACKING_URI to a server (http://HOST:5000) or a local store (sqlite:///mlflow.db with the full "
+            "mlflow package; file:./mlruns with MLFLOW_ALLOW_FILE_STORE=true)"
+        ) from None
 
 
 def metric_name(key: str) -> str:
@@ -174,9 +238,7 @@ class MLflowReporter:
     """An MLflow run through ``MlflowClient`` (no global active run: a caller's own run is left alone)."""
 
     def __init__(self, out: Path, config: dict[str, Any]):
-        from mlflow.tracking import MlflowClient
-
-        self.client = MlflowClient()
+        self.client = _mlflow_client()
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "textgym")
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)

@@ -36,8 +36,11 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     """
     from tqdm.auto import tqdm
 
-    from .reporting import make_reporter
+    from .reporting import check_backends, make_reporter
 
+    # every rank checks (rank 0 alone failing would leave the others waiting): a missing W&B login or an
+    # MLflow store that cannot open is one line, before the run folder is touched
+    check_backends(cfg.report_to)
     out = Path(cfg.out)
     joined = not distributed.initialized()
     distributed.init(resolve_device(cfg.device))
