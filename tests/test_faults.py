@@ -246,6 +246,18 @@ def test_config_values_of_the_wrong_type_are_refused_naming_the_field(field, val
         PPOConfig(**{field: value})
 
 
+@pytest.mark.parametrize("field", ["reward_model", "gold_scorer"])
+def test_a_reward_function_in_the_config_is_refused_naming_register(field):
+    """Issue 37.9: the refusal said only "takes a str or None"; the way to train on a function is register()."""
+    from textgym.rewards import KeywordReward
+
+    for value in (lambda prompts, responses: [0.0] * len(prompts), KeywordReward("great")):
+        with pytest.raises(ValueError, match=rf"^{field}=.* is a reward model object, not a name: the config is saved "
+                           rf"as JSON; register it with textgym.rewards.register\('my-rm', .*\) and pass "
+                           rf"{field}='my-rm'"):  # fmt: skip
+            PPOConfig(**{field: value})
+
+
 def test_a_config_file_with_a_string_bool_fails_before_any_model_loads(run, tmp_path, capsys):
     from textgym.cli import main
 

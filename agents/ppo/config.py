@@ -75,7 +75,9 @@ class PPOConfig:
         env_id: the registered env to train on: ``TextRLHF-v0`` (sentiment, learned RM) or
             ``TextArithmetic-v0`` (verifiable "a+b=" answers); its registered defaults apply.
         model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
-        reward_model: r_φ (any route ``gym.make(..., reward_model=)`` accepts; default embedded RM).
+        reward_model: r_φ, by name (default embedded RM): a registered name, an HF folder or id, a URL or
+            ``module:attr``. A function or object is registered first (``textgym.rewards.register``), as
+            the config is saved as JSON.
         gold_scorer: what ``gold_score`` measures beside the RM (the same routes; default: the env's, VADER
             for ``TextRLHF-v0``); a verifiable task names its checker here too.
         prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
@@ -217,6 +219,7 @@ class PPOConfig:
     minibatch_size: int = field(init=False)
 
     def __post_init__(self) -> None:
+        _check_scorers_are_names(self)  # before the type check: a function here has a fix to name
         check_field_types(self)  # first: "false" for a bool is truthy, and "1e-4" fails later inside a model
         positive_ints = ("total_episodes", "num_envs", "max_new_tokens", "ppo_epochs", "num_minibatches",
                          "checkpoint_every", "kl_horizon", "group_size")  # fmt: skip
@@ -330,6 +333,25 @@ class PPOConfig:
         if self.normalize_reward is not None:
             kwargs["normalize_reward"] = self.normalize_reward
         return kwargs
+
+
+def _check_scorers_are_names(cfg: PPOConfig) -> None:
+    """Refuse a reward model given as an object or function, naming ``register()``, the way to train on one.
+
+    Why: ``gym.make(..., reward_model=f)`` takes a function, so users pass one here too; but a config is
+    saved as JSON and read again by a resume, Ray workers and ``textgym eval``, so it holds a name.
+
+    Raises:
+        ValueError: naming the field, the value and ``textgym.rewards.register``.
+    """
+    for name in ("reward_model", "gold_scorer"):
+        value = getattr(cfg, name)
+        if value is not None and not isinstance(value, str) and (callable(value) or hasattr(value, "score")):
+            raise ValueError(
+                f"{name}={value!r} is a reward model object, not a name: the config is saved as JSON; register it "
+                f"with textgym.rewards.register('my-rm', lambda: ...) and pass {name}='my-rm' (or a path, URL or "
+                "'module:attr'); the env itself, gym.make(..., reward_model=...), takes the object"
+            )
 
 
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}  # annotation -> accepted types
