@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from textgym.named_models import cache_dir
+from textgym.rewards.base import stored_norm
 from textgym.rewards.builtin import HFRewardModel
 from textgym.rewards.calibrate import raw_envs, sample_episodes
 
@@ -66,7 +67,8 @@ def _measure(cfg: PPOConfig, device: torch.device, kwargs: dict[str, Any]) -> di
     """Sample ``CALIBRATION_EPISODES`` π_ref episodes at the run's settings: {} where none are due."""
     envs = raw_envs(min(64, CALIBRATION_EPISODES), cfg.env_id, device=device, **kwargs)
     try:
-        stored = getattr(envs.unwrapped.reward_model, "norm", None)
+        # a served model's read from its server within reward_timeout (an error when it cannot be)
+        stored = stored_norm(envs.unwrapped.reward_model, kwargs.get("reward_timeout"))
         settings = {"max_new_tokens": kwargs["max_new_tokens"], "temperature": cfg.temperature}
         if stored is None or all(getattr(stored, k, None) in (None, v) for k, v in settings.items()):
             return {}  # raw scores, or stored at these very settings

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from textgym.rewards import RewardNorm
+from textgym.rewards.base import stored_norm
 from textgym.utils import short_repr
 
 __all__ = [
@@ -119,11 +120,14 @@ def check_chat_template(chat_template: Any, tokenizer) -> bool:
     return bool(chat_template)
 
 
-def resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int) -> RewardNorm | None:
-    """The (mean, std) the RM score is standardised with, or None; warns when measured at another length cap."""
-    stored = getattr(reward_model, "norm", None)
-    if stored is not None and not isinstance(stored, RewardNorm):  # a plug-in's plain (mean, std)
-        stored = RewardNorm(*stored)
+def resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int,
+                 timeout: float | None = None) -> RewardNorm | None:  # fmt: skip
+    """The (mean, std) the RM score is standardised with, or None; warns when measured at another length cap.
+
+    The stored statistics are read only when ``normalize_reward`` asks for them (None or True): a served
+    model reads them from its server within ``timeout`` (``reward_timeout``) and raises
+    :class:`~textgym.rewards.RewardModelError` when it cannot, rather than letting the env pay raw scores.
+    """
     if isinstance(normalize_reward, (tuple, list)):
         pair = normalize_reward
         ok = len(pair) == 2 and all(isinstance(v, (int, float)) and np.isfinite(v) for v in pair)
@@ -132,12 +136,15 @@ def resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int) -> Re
         return RewardNorm(float(normalize_reward[0]), float(normalize_reward[1]), max_new_tokens)
     if normalize_reward is not None and not isinstance(normalize_reward, (bool, np.bool_)):
         raise ValueError(f"normalize_reward={normalize_reward!r} must be a bool, None or a (mean, std > 0) pair")
+    if normalize_reward is False:  # raw scores: nothing to read (a served model's server is not asked)
+        return None
+    stored = stored_norm(reward_model, timeout)
     if normalize_reward and stored is None:
         raise ValueError(
             f"normalize_reward=True but reward model {reward_model.name!r} has no stored mean/std; "
             "run `textgym rm-calibrate` on it, pass (mean, std) or normalize_reward=False"
         )
-    if normalize_reward is False or stored is None:
+    if stored is None:
         return None
     if stored.max_new_tokens not in (None, max_new_tokens):
         warnings.warn(

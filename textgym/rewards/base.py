@@ -32,6 +32,7 @@ __all__ = [
     "load_norm",
     "save_norm",
     "score_checked",
+    "stored_norm",
 ]
 
 
@@ -207,6 +208,19 @@ class RewardNorm(NamedTuple):
     std: float
     max_new_tokens: int | None = None
     temperature: float | None = None
+
+
+def stored_norm(model: Any, timeout: float | None = None) -> RewardNorm | None:
+    """The score mean/std stored beside ``model`` (None: none stored); a plug-in's plain ``(mean, std)`` is accepted.
+
+    A served model reads them from its server (``read_norm``), waiting at most ``timeout`` seconds (the env's
+    ``reward_timeout``; None: the client's own), and raises :class:`RewardModelError` when it cannot.
+    """
+    read = getattr(model, "read_norm", None)
+    stored = read(timeout) if callable(read) else getattr(model, "norm", None)
+    if stored is not None and not isinstance(stored, RewardNorm):
+        stored = RewardNorm(*stored)
+    return stored
 
 
 def load_norm(folder: str | Path) -> RewardNorm | None:
