@@ -70,3 +70,20 @@ def test_the_digest_follows_the_weights_and_only_digests_hf_reward_models(fresh_
         assert calibration.calibration_digest(envs.unwrapped, kwargs, 1.0, device) is None
     finally:
         envs.close()
+
+
+def test_another_pi_ref_than_the_stored_statistics_were_measured_under_is_measured(fresh_cache, tmp_path):
+    """Issue 37.9: at the RM's stored settings (32 tokens, temperature 1) another π_ref used its mean/std silently.
+
+    The embedded RM's statistics name the embedded LM; a copy of it elsewhere stands for another π_ref
+    (a model is known by where it comes from: measuring once more is the safe side).
+    """
+    import shutil
+
+    from textgym.models import DEFAULT_LM
+
+    device = torch.device("cpu")
+    assert calibration.run_norm(tiny(max_new_tokens=32), device) == {}  # the embedded π_ref: stored stats apply
+    other = shutil.copytree(DEFAULT_LM, tmp_path / "other-lm")
+    measured = calibration.run_norm(tiny(max_new_tokens=32, model=str(other)), device)
+    assert measured["normalize_reward"][1] > 0

@@ -235,8 +235,9 @@ def cmd_rm_train(args: argparse.Namespace) -> None:
 def cmd_rm_calibrate(args: argparse.Namespace) -> None:
     from pathlib import Path
 
+    from textgym.models import DEFAULT_LM
     from textgym.rewards import save_norm
-    from textgym.rewards.calibrate import calibrate
+    from textgym.rewards.calibrate import calibrate, reference_name
 
     if args.reward_model is None or not Path(args.reward_model).is_dir():
         raise ValueError(f"--reward-model={args.reward_model!r} must be a reward-model folder to store stats in")
@@ -252,6 +253,7 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
         std,
         max_new_tokens=args.max_new_tokens,
         measured_on=f"{args.episodes} samples of pi_ref",
+        reference_model=reference_name(args.model or DEFAULT_LM),  # a run under another π_ref measures its own
     )
     print(f"reward model {args.reward_model}: mean {mean:+.4f}, std {std:.4f} under pi_ref (stored)")
 

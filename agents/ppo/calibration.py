@@ -31,7 +31,7 @@ import torch
 from textgym.named_models import cache_dir
 from textgym.rewards.base import stored_norm
 from textgym.rewards.builtin import HFRewardModel
-from textgym.rewards.calibrate import raw_envs, sample_episodes
+from textgym.rewards.calibrate import raw_envs, reference_name, sample_episodes, stored_reference
 
 from .config import PPOConfig
 
@@ -45,7 +45,8 @@ def run_norm(cfg: PPOConfig, device: torch.device, env_overrides: dict[str, Any]
     """``{"normalize_reward": (mean, std)}`` measured at the run's settings, or {} where no calibration is due.
 
     Due when the reward is standardised by default (``normalize_reward`` None) and the reward model's
-    stored statistics were measured at another ``max_new_tokens`` or temperature than the run's.
+    stored statistics were measured at another ``max_new_tokens`` or temperature than the run's, or under
+    another π_ref (the stats file's ``reference_model``, e.g. the embedded LM's for the embedded RM).
     ``env_overrides`` (the benchmark's env arguments) apply over the config's, as in the trainer.
     """
     kwargs = {**cfg.env_kwargs(), **(env_overrides or {})}
@@ -70,8 +71,11 @@ def _measure(cfg: PPOConfig, device: torch.device, kwargs: dict[str, Any]) -> di
         # a served model's read from its server within reward_timeout (an error when it cannot be)
         stored = stored_norm(envs.unwrapped.reward_model, kwargs.get("reward_timeout"))
         settings = {"max_new_tokens": kwargs["max_new_tokens"], "temperature": cfg.temperature}
-        if stored is None or all(getattr(stored, k, None) in (None, v) for k, v in settings.items()):
-            return {}  # raw scores, or stored at these very settings
+        # the π_ref they were measured under too (not recorded: taken as this one, as before it was kept)
+        reference = stored_reference(envs.unwrapped.reward_model)
+        same_settings = all(getattr(stored, k, None) in (None, v) for k, v in settings.items())
+        if stored is None or (same_settings and reference in (None, reference_name(envs.unwrapped.model))):
+            return {}  # raw scores, or stored at these very settings under this very π_ref
         path = _cache_file(envs.unwrapped, kwargs, cfg.temperature, device)
         if (cached := _read_cached(path)) is not None:
             return {"normalize_reward": cached}

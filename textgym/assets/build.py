@@ -407,6 +407,7 @@ def calibrate_rm(cfg: BuildConfig, lm_dir: Path, rm_dir: Path, prompts: Path) ->
         float(scores.std()),
         max_new_tokens=cfg.max_new_tokens,
         measured_on=f"{len(rows)} samples of pi_ref on the train prompts",
+        reference_model=f"assets:{lm_dir.name}",  # the LM shipped beside it (textgym.rewards.calibrate.reference_name)
     )
     calibration = {
         "rm_mean": float(scores.mean()), "rm_std": float(scores.std()),

@@ -251,14 +251,15 @@ def train(cfg: ArithProxyBuild, model, tok, train_rows: list[dict], heldout_rows
 
 def write_folder(cfg: ArithProxyBuild, model, tok, report: dict, start: float, folder: Path) -> None:
     """Weights (float32: 83k parameters), tokenizer, the mean/std under π_ref measured through the env, report."""
+    from textgym.assets import ARITH_LM
     from textgym.rewards import save_norm
-    from textgym.rewards.calibrate import calibrate
+    from textgym.rewards.calibrate import calibrate, reference_name
 
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     mean, std = calibrate(cfg.calibration_episodes, cfg.num_envs, cfg.seed + 1, env_id=ENV_ID,
                           reward_model=str(folder), max_new_tokens=MAX_NEW_TOKENS)  # fmt: skip
-    save_norm(folder, mean, std, max_new_tokens=MAX_NEW_TOKENS,
+    save_norm(folder, mean, std, max_new_tokens=MAX_NEW_TOKENS, reference_model=reference_name(ARITH_LM),
               measured_on=f"{cfg.calibration_episodes} fresh samples of pi_ref on the RL-train problems")  # fmt: skip
     report["norm_under_pi_ref"] = {"mean": mean, "std": std}
     report["seconds"] = round(time.time() - start, 1)
