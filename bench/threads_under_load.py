@@ -101,6 +101,9 @@ CONFIGS = {
     "textgym's default (one core left free)": (0, {}),
     "every core (torch.set_num_threads)": (-1, {}),
     "every core, OMP_WAIT_POLICY=PASSIVE": (-1, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    # GNU OpenMP spins GOMP_SPINCOUNT times (default 300,000) before a waiting thread sleeps: fewer spins hand a
+    # shared core back sooner (a sleeper is woken ahead of the busy process), more keep the idle machine's pace
+    **{f"every core, GOMP_SPINCOUNT={n}": (-1, {"GOMP_SPINCOUNT": str(n)}) for n in (1000, 10000, 100000)},
 }
 
 

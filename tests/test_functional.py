@@ -2,12 +2,13 @@
 
 What a reward or a loss term built on each estimator does to the policy, against autograd of
 the exact KL: only k1 belongs in a reward; k2/k3 in a loss give the forward/reverse KL gradient.
+And the sampler's categorical draw: each index with its probability, never one of probability 0.
 """
 
 import pytest
 import torch
 
-from textgym.functional import kl_penalty
+from textgym.functional import _invert_cdf, kl_penalty, sample_categorical
 
 THETA = torch.tensor([0.3, -1.2, 0.8, 0.0, 2.0, -0.5], dtype=torch.float64)  # policy logits
 REF = torch.log_softmax(torch.tensor([1.0, 0.2, -0.7, 0.4, 0.1, -1.5], dtype=torch.float64), -1)  # log π_ref
@@ -86,3 +87,29 @@ def test_pack_mask_round_trips_and_is_eight_times_smaller():
         pack_mask(torch.ones(4))
     with pytest.raises(ValueError, match="size=17"):
         unpack_mask(torch.zeros(2, dtype=torch.uint8), 17)
+
+
+@pytest.mark.parametrize("block", [4, 256])  # 4: two levels over a padded last block; 256: one block holds the row
+def test_sample_categorical_draws_each_index_with_its_probability(block):
+    probs = torch.tensor([0.05, 0.0, 0.3, 0.1, 0.0, 0.2, 0.15, 0.0, 0.2, 0.0])  # V = 10, zeros among them
+    logp = probs.log().clamp(min=torch.finfo(torch.float32).min).expand(200_000, -1)  # (N, V)
+    draws = sample_categorical(logp, torch.Generator().manual_seed(0), block=block)
+    counts = torch.bincount(draws, minlength=10).double()
+    assert counts[probs == 0].sum() == 0  # an excluded index is never drawn
+    expected = probs.double() * len(draws)
+    sigma = (expected * (1 - probs.double())).sqrt()
+    assert ((counts - expected).abs() <= 5 * sigma + 1e-9).all(), (counts, expected)
+
+
+def test_sample_categorical_is_seeded_and_a_target_at_the_end_takes_the_last_index_of_positive_mass():
+    logp = torch.log_softmax(torch.randn(64, 1000), -1)
+    a = sample_categorical(logp, torch.Generator().manual_seed(3))
+    assert torch.equal(a, sample_categorical(logp, torch.Generator().manual_seed(3)))
+    assert not torch.equal(a, sample_categorical(logp, torch.Generator().manual_seed(4)))
+    cdf = torch.tensor([[0.2, 0.7, 1.0, 1.0, 1.0]], dtype=torch.float64)  # indices 3 and 4 have no mass
+    index, rest = _invert_cdf(cdf, torch.tensor([[1.0]], dtype=torch.float64))  # u * total rounded up to total
+    assert index.tolist() == [2] and rest.tolist() == [pytest.approx(0.3)]
+    index, rest = _invert_cdf(cdf, torch.tensor([[0.2]], dtype=torch.float64))  # exactly at a boundary: the next
+    assert index.tolist() == [1] and rest.tolist() == [pytest.approx(0.0)]
+    with pytest.raises(ValueError, match=r"logp has shape \(10,\); sample_categorical takes \(N, V\)"):
+        sample_categorical(torch.zeros(10))

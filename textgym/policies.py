@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from textgym.functional import pack_mask
+from textgym.functional import pack_mask, sample_categorical
 from textgym.models import CachedDecoder
 
 __all__ = ["LMSampler", "kept_tokens", "restrict_logits", "truncate_logits"]
@@ -192,7 +192,7 @@ class LMSampler:
         logits = logits / self.temperature
         keep = kept_tokens(logits, self.top_k, self.top_p) if self.truncates else None
         logp = torch.log_softmax(logits if keep is None else restrict_logits(logits, keep), dim=-1)
-        actions = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+        actions = sample_categorical(logp, self.generator)  # (N,)
         if keep is not None:
             self.last_kept = pack_mask(keep)
         return actions, logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
