@@ -81,7 +81,7 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     if cfg.threads > machine_threads():
         warnings.warn(f"threads={cfg.threads} is more than the {machine_threads()} cores this process may use: "
                       "the run's numbers are the same, its speed lower", stacklevel=3)  # fmt: skip
-    trainer = Trainer.create(cfg)
+    trainer = Trainer.create(cfg, _recorded_scale(out) if history is not None else None)
     if history is not None:
         trainer.load(out / "checkpoint")
         if main:
@@ -92,6 +92,18 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     if main:
         run_folder.start_files(out, history, trainer.iteration_done, cfg.to_dict())
     return trainer, history
+
+
+def _recorded_scale(out: Path) -> dict[str, Any]:
+    """The reward scale the resumed run paid (its checkpoint's ``normalize_reward``), as an env override.
+
+    Why: read again, a reward server's ``/health`` may answer another mean/std (or none): the resumed
+    iterations would pay scores on another scale than the uninterrupted run. {} for a run saved before it was kept.
+    """
+    from .checkpoint import read_state
+
+    norm = read_state(out / "checkpoint").get("normalize_reward")
+    return {} if norm is None else {"normalize_reward": tuple(norm) if isinstance(norm, list) else norm}
 
 
 def _repair_exports(out: Path, trainer: Trainer) -> None:

@@ -86,6 +86,10 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         envs = make_envs(cfg, cfg.num_envs, device, env_overrides)
         base = envs.unwrapped
+        # the scale this run pays, given explicitly from here on: Ray workers, eval and a resume use it as it is,
+        # never a second reading of a server's /health that may answer otherwise (or not at all)
+        norm = base._engine.norm  # the env exposes it nowhere else (as the CLI's play reads it)
+        env_overrides["normalize_reward"] = False if norm is None else (norm.mean, norm.std)
         policy = make_policy(cfg, base)
         estimator = make_estimator(cfg, base.reward_model, policy, base.max_prompt_tokens)
         critic = estimator.critic  # GRPO/RLOO: none
@@ -377,6 +381,7 @@ class Trainer:
             "env_rng": self.envs.unwrapped.rng_state(),
             "config": self.cfg.to_dict(),
             "last_beta": self.last_beta,  # the β policy/textgym_run.json names: re-exported on resume from here
+            "normalize_reward": reward_scale(self.env_overrides.get("normalize_reward")),  # a resume pays it too
         }
         checkpoint.write_checkpoint(folder, self.trained(), {**tensors, **source_tensors}, {**state, **source_json})
 
@@ -388,8 +393,8 @@ class Trainer:
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
         settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward")
         info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
-        if isinstance(norm := self.env_overrides.get("normalize_reward"), tuple | list):
-            info["normalize_reward"] = list(norm)  # the run's own calibration: eval standardises alike
+        if (norm := self.env_overrides.get("normalize_reward")) is not None:
+            info["normalize_reward"] = reward_scale(norm)  # the scale the run paid: eval standardises alike
         return info | ({"chat_template": True} if cfg.chat_template else {})
 
     def load(self, ckpt: Path) -> None:
@@ -407,6 +412,11 @@ class Trainer:
         self.env_steps, self.episodes_done = state["env_steps"], state["episodes"]
         if self.rollouts is not None:
             self.rollouts.load_state(ckpt, state, tensors)
+
+
+def reward_scale(norm: Any) -> list[float] | bool | None:
+    """``normalize_reward`` as a run records it: ``[mean, std]`` of the scale it paid, False for raw scores."""
+    return list(map(float, norm)) if isinstance(norm, tuple | list) else norm
 
 
 def _episode_means(episodes, mask: torch.Tensor) -> dict[str, float]:
