@@ -24,8 +24,10 @@ from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
 from textgym.rewards import registered_names
+from textgym.rewards.http import is_url
 
-__all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "run_settings", "run_settings_note"]
+__all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "load_sampler", "run_settings", "run_settings_note",
+           "split_run_settings"]  # fmt: skip
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "gold_scorer", "env_id",
@@ -40,11 +42,12 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
     ``temperature``, ``top_k`` and ``top_p`` are how it sampled; the rest are env arguments.
 
     A model folder is data: its run info may name a reward model by a registered name or a path to
-    weights, never a ``module:attr`` (importing it would run code shipped beside the weights), unless
+    weights, never a ``module:attr`` (importing it would run code shipped beside the weights) or a URL
+    (the episodes would go to a server the folder chose), unless
     the caller gives that same argument itself (``given``, e.g. ``--reward-model``).
 
     Raises:
-        ValueError: the run info names a ``module:attr`` reward model that ``given`` does not override.
+        ValueError: the run info names a ``module:attr`` or URL reward model that ``given`` does not override.
     """
     path = Path(policy) / RUN_INFO if policy is not None else None
     if path is None or not path.is_file():
@@ -52,21 +55,29 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
     run = json.loads(path.read_text())
     run = {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
     for name in ("reward_model", "gold_scorer"):
-        if name not in given and _names_code(run.get(name)):
+        if name not in given and (why := _not_data(run.get(name))):
             flag = "--" + name.replace("_", "-")
             raise ValueError(
-                f"{path} names {name}={run[name]!r}, a 'module:attr' that would be imported (its code run); a "
-                "run-info file may name a reward model only by a registered name or a path to weights. If you "
-                f"trust it, pass it yourself: {flag} {run[name]!r} (Python: {name}=...)"
+                f"{path} names {name}={run[name]!r}, {why}; a run-info file may name a reward model only by a "
+                f"registered name or a path to weights. If you trust it, pass it yourself: {flag} {run[name]!r} "
+                f"(Python: {name}=...)"
             )
     return run
 
 
-def _names_code(spec: Any) -> bool:
-    """Whether ``reward_model=spec`` resolves by importing a module (see :func:`textgym.rewards.make_reward_model`)."""
-    if not isinstance(spec, str) or ":" not in spec:
-        return False
-    return spec not in registered_names() and not Path(spec).exists()
+def _not_data(spec: Any) -> str | None:
+    """Why a run-info file may not choose ``reward_model=spec`` itself (None: it may).
+
+    A ``module:attr`` is imported (see :func:`textgym.rewards.make_reward_model`); a URL gets every
+    evaluated episode sent to it: the caller decides both, never a folder that came with the weights.
+    """
+    if not isinstance(spec, str):
+        return None
+    if is_url(spec):
+        return "a server every evaluated episode would be sent to"
+    if ":" in spec and spec not in registered_names() and not Path(spec).exists():
+        return "a 'module:attr' that would be imported (its code run)"
+    return None
 
 
 def run_settings_note(policy: str | None, given: Mapping[str, Any]) -> str | None:
@@ -87,6 +98,14 @@ def distinct_n(responses: list[list[int]], n: int) -> float:
 def _policy(envs, policy, policy_factory, seed: int, temperature: float, device: str, **sampling):
     if policy_factory is not None:
         return policy_factory(envs)
+    return load_sampler(envs, policy, seed=seed, temperature=temperature, device=device, **sampling)
+
+
+def load_sampler(envs, policy: str | None, *, seed: int, temperature: float, device: str = "cpu", **sampling):
+    """The cached :class:`LMSampler` of a causal-LM folder (None: π_ref, the env's own model) for ``envs``.
+
+    A folder whose vocabulary is not π_ref's is refused first (:func:`_check_vocabulary`).
+    """
     base = envs.unwrapped
     policy_model = base.model if policy is None else load_causal_lm(policy, device=device, name="policy")
     if policy is not None:
@@ -201,12 +220,27 @@ def _eval_settings(
     in the env and with the sampling it was trained with; the prompts default to the env's eval split.
     """
     run = run_settings(run_of, given=env_kwargs)
+    eval_prompts = run.pop("eval_prompts", None)
+    env_id, temperature, sampling, env_kwargs = split_run_settings(run, temperature, env_kwargs)
+    eval_prompts = eval_prompts or str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS))
+    return env_id, temperature, sampling, {"prompts": eval_prompts, **env_kwargs}
+
+
+def split_run_settings(
+    run: Mapping[str, Any], temperature: float | None, env_kwargs: dict[str, Any]
+) -> tuple[str, float, dict[str, Any], dict[str, Any]]:
+    """A run's settings (:func:`run_settings`, less ``eval_prompts``) as (env id, temperature, sampling, env args).
+
+    Why one function: ``eval`` and ``play`` sample a saved policy as it was trained (its temperature and
+    top-k/top-p truncation) in its run's env; ``temperature`` and ``env_kwargs`` given override the run's.
+    """
+    run = dict(run)
     run_temperature = run.pop("temperature", 1.0)
     temperature = temperature if temperature is not None else run_temperature
     sampling = {k: run.pop(k) for k in SAMPLING if k in run}  # the truncation it was trained with
-    env_id = env_kwargs.pop("env_id", None) or run.pop("env_id", "TextRLHF-v0")
-    eval_prompts = run.pop("eval_prompts", None) or str(EVAL_PROMPTS_BY_ENV.get(env_id, EVAL_PROMPTS))
-    return env_id, temperature, sampling, {"prompts": eval_prompts, **run, **env_kwargs}
+    run_env_id = run.pop("env_id", "TextRLHF-v0")
+    env_id = env_kwargs.pop("env_id", None) or run_env_id
+    return env_id, temperature, sampling, {**run, **env_kwargs}
 
 
 def _sample_rows(
