@@ -32,6 +32,17 @@ def test_play():
     assert out.count("rm_score") == 2 and "gold" in out and "KL" in out
 
 
+def test_play_of_a_trained_policy_samples_it_in_its_runs_env_against_its_pi_ref(tmp_path):
+    """Issue 37.9: ``play --model OUT/policy`` made the policy π_ref (KL 0.000) at the env's 32 tokens, not at 6."""
+    run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
+         "--learning-rate", "0.01", "--no-progress"])  # fmt: skip
+    out = run([*TEXTGYM, "play", "--model", str(tmp_path / "run" / "policy"), "--episodes", "3"], quiet=True)
+    lengths = [int(n) for n in re.findall(r"tokens (\d+)", out)]
+    kls = [float(k) for k in re.findall(r"KL (-?[\d.]+)", out)]
+    assert len(lengths) == 3 and max(lengths) <= 6  # the run's length cap
+    assert any(k != 0.0 for k in kls)  # the policy against the run's π_ref, not against itself
+
+
 def test_train_then_eval_the_result_with_the_runs_beta_and_plot_it(tmp_path):
     """A user's first run: train, evaluate, plot (one run serves all three: the suite's time is a budget)."""
     from textgym.models import DEFAULT_LM

@@ -122,15 +122,13 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def cmd_play(args: argparse.Namespace) -> None:
-    import torch
-
     import textgym  # noqa: F401
+    from textgym.agents.evaluate import load_sampler
     from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
-    from textgym.policies import LMSampler
 
-    envs = make_episode_envs("TextRLHF-v0", 1, **_env_kwargs(args))
-    policy = LMSampler.for_env(envs.unwrapped.model, envs, temperature=args.temperature,
-                               generator=torch.Generator().manual_seed(args.seed))  # fmt: skip
+    policy_dir, env_id, temperature, sampling, kwargs = _played(args)
+    envs = make_episode_envs(env_id, 1, **kwargs)
+    policy = load_sampler(envs, policy_dir, seed=args.seed, temperature=temperature, device=args.device, **sampling)
     normalised = envs.unwrapped._engine.norm is not None
     for episode in range(args.episodes):
         done = collect_episodes(envs, policy, seed=args.seed + episode)
@@ -140,6 +138,33 @@ def cmd_play(args: argparse.Namespace) -> None:
         print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
         print(f"     rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  "
               f"tokens {int(ep['response_length'])}")  # fmt: skip
+
+
+def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dict]:
+    """(policy folder, or None for π_ref; env id; temperature; sampling truncation; env arguments) of ``play``.
+
+    A policy saved by ``textgym train`` (its folder holds the run info) is played as ``eval`` measures it:
+    against the run's π_ref, in the run's env, sampling as it was trained; it would otherwise be π_ref
+    itself (KL 0) at the env's default length. Any other ``--model`` is π_ref.
+    """
+    from textgym.agents.evaluate import RUN_INFO, run_settings, run_settings_note, split_run_settings
+
+    kwargs = _env_kwargs(args)
+    if args.model is None or not (Path(args.model) / RUN_INFO).is_file():
+        if args.ref_model is not None:
+            raise ValueError(f"--ref-model={args.ref_model!r} is the π_ref of a trained policy, but --model="
+                             f"{args.model!r} is no policy saved by `textgym train` (no {RUN_INFO}); give π_ref "
+                             "with --model alone")  # fmt: skip
+        return None, "TextRLHF-v0", 1.0 if args.temperature is None else args.temperature, {}, kwargs
+    policy = kwargs.pop("model")
+    if args.ref_model is not None:
+        kwargs["model"] = args.ref_model
+    if note := run_settings_note(policy, kwargs):
+        print(f"textgym play: {note}", file=sys.stderr)
+    run = run_settings(policy, given=kwargs)
+    run.pop("eval_prompts", None)  # play samples the env's prompts (or --prompts)
+    env_id, temperature, sampling, kwargs = split_run_settings(run, args.temperature, kwargs)
+    return policy, env_id, temperature, sampling, kwargs
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "policy", "value", "checkpoint")  # what `train` reports writing
@@ -335,10 +360,12 @@ def _add_info(sub: _Subparsers) -> None:
 
 
 def _add_play(sub: _Subparsers) -> None:
-    p = sub.add_parser("play", help="run the reference policy on a few prompts")
-    _env_args(p)
+    p = sub.add_parser("play", help="run π_ref, or a policy saved by `textgym train`, on a few prompts")
+    _env_args(p, model_help="π_ref (HF causal-LM folder or id; default: embedded LM), or a policy saved by "
+              "`textgym train` (OUT/policy), played against its run's π_ref in its run's env")  # fmt: skip
+    p.add_argument("--ref-model", default=None, help="π_ref of a trained --model if not its run's")
     p.add_argument("--episodes", type=int, default=5, help="episodes to play and print")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of π_ref")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
     p.add_argument("--seed", type=_seed, default=0, help="seeds the prompts and the sampling")
     p.set_defaults(func=cmd_play)
 
