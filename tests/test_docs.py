@@ -297,3 +297,12 @@ def test_make_install_prints_no_warning(tmp_path):
     # the notice is a Python warning (pip shows it as BuildBackendWarning even under --quiet); setuptools'
     # log lines ("Editable install will be performed …") pip's --quiet hides
     assert not re.search(r"Warning\b|InformationOnly:", proc.stderr), proc.stderr[-3000:]
+
+
+def test_readme_commands_run_the_venvs_executables():
+    """Issue 37.9: a bare ``textgym`` or ``torchrun`` line fails unless the venv is activated (``make`` sets up
+    ``.venv`` and the README's other lines call ``.venv/bin/textgym``), so every command names the venv's."""
+    bare = [f"{block}: {' '.join(args)}" for block in blocks(ROOT / "README.md") if block.lang == "bash"
+            for args in commands(block.code) for arg in args
+            if arg in ("textgym", "torchrun", "python", "python3", "pip", "ray", "wandb", "mlflow")]  # fmt: skip
+    assert not bare, bare
