@@ -306,11 +306,13 @@ class BenchConfig:
     calibration_episodes: int | None = None
     out: str = "runs/bench"
     threads: int | None = None
+    task_budget: int = field(init=False)  # the task's own budget: a run below it is a smoke run, not results
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not a benchmark task; tasks: {sorted(TASKS)}")
         task = TASKS[self.task]
+        self.task_budget = task.budget
         for name in ("budget", "max_new_tokens", "max_prompt_tokens", "kl_coef", "frontier_kl", "num_envs", "seeds",
                      "calibration_episodes"):  # fmt: skip
             if getattr(self, name) is None:

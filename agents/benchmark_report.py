@@ -88,7 +88,8 @@ def _write_tables(rows: list[dict], out: Path, cfg, env_id: str) -> None:
         writer.writerows(rows)
     keys = ["score", "gold_score", "kl", "objective", "gold_auc", "proxy_auc", "distinct_2", "response_length",
             "env_steps", "train_s"]  # fmt: skip
-    lines = ["| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    lines = [smoke_note(cfg) + "\n"] if smoke_note(cfg) else []
+    lines += ["| algorithm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for algo in dict.fromkeys(r["algo"] for r in rows):
         lines.append(f"| {algo} | " + " | ".join(_cell([r[k] for r in rows if r["algo"] == algo]) for k in keys) + " |")
     n_seeds = len({r["seed"] for r in rows})
@@ -98,6 +99,19 @@ def _write_tables(rows: list[dict], out: Path, cfg, env_id: str) -> None:
                  f"mean gain over π_ref under the fitted frontier, averaged over KL ∈ [0, {cfg.frontier_kl:g}] nats "
                  f"(agents/frontier.py)")  # fmt: skip
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def smoke_note(cfg) -> str | None:
+    """The label of a run below its task's budget (``textgym bench --quick``), None for a run at it.
+
+    Why: a smoke run's table has the shape of the benchmark's results; read as results, its numbers
+    (a few dozen env steps, one seed) would mislead.
+    """
+    if cfg.budget >= cfg.task_budget:
+        return None
+    return (f"**Smoke run, not results**: {cfg.budget} env steps per algorithm, below the {cfg.task} task's "
+            f"{cfg.task_budget}; this table shows that each algorithm runs end to end, not how well it learns "
+            "(the measured benchmarks: docs/benchmarks.md).")  # fmt: skip
 
 
 def _cell(values: list[float]) -> str:

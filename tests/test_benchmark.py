@@ -181,3 +181,13 @@ def test_the_smollm2_task_trains_in_its_preset_env_and_is_judged_on_held_out_req
         assert (kw["model"], kw["chat_template"], kw["reward_model"]) == ("smollm2-135m-instruct", True,
                                                                           "default-response")  # fmt: skip
     assert (calibration["prompts"], evaluation["prompts"]) == ("review-requests", "review-requests-eval")
+
+
+def test_a_run_below_the_tasks_budget_is_labelled_a_smoke_run_not_results(tmp_path):
+    """Issue 37.9: ``textgym bench --quick``'s table (64 env steps, one seed) read like the benchmark's results."""
+    small = dict(algos=["reference"], seeds=[0], num_envs=8, max_new_tokens=4, eval_episodes=8, calibration_episodes=8)
+    run_benchmark(BenchConfig(budget=64, out=str(tmp_path / "smoke"), **small))
+    first = (tmp_path / "smoke" / "results.md").read_text().splitlines()[0]
+    assert first.startswith("**Smoke run, not results**") and "64 env steps" in first and "8192" in first
+    run_benchmark(BenchConfig(out=str(tmp_path / "full"), **small))  # the task's budget (reference trains nothing)
+    assert (tmp_path / "full" / "results.md").read_text().startswith("| algorithm |")

@@ -285,6 +285,7 @@ def cmd_rm_calibrate(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     from textgym.agents.benchmark import ALGORITHMS, PRESETS, BenchConfig, refit, run_benchmark
+    from textgym.agents.benchmark_report import smoke_note
 
     if args.refit:
         refit(args.refit, args.frontier_kl)
@@ -304,6 +305,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     run_benchmark(cfg)
     print(f"wrote {cfg.out}/results.csv, results.md, rm_vs_steps.png, frontier.png (algorithms: {', '.join(cfg.algos)};"
           f" registered: {', '.join(sorted(ALGORITHMS))})")  # fmt: skip
+    if note := smoke_note(cfg):
+        print(note.replace("**", ""))
 
 
 def cmd_serve_rm(args: argparse.Namespace) -> None:
