@@ -84,6 +84,21 @@ def test_an_mlflow_store_that_cannot_open_is_refused_in_one_line(no_backend_sett
 
 def test_metric_names():
     assert metric_name("kl") == "ppo/kl" and metric_name("eval_score") == "eval/score"
+    assert metric_name("kl", "grpo") == "grpo/kl" and metric_name("eval_kl", "rloo") == "eval/kl"
+
+
+@pytest.mark.parametrize("algo", ["grpo", "rloo"])
+def test_a_critic_free_run_reports_under_its_own_algorithm(tmp_path, algo):
+    """Issue 37.9: GRPO and RLOO runs logged their curves as ppo/…, mixing them with PPO's in one dashboard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from textgym.agents.ppo.reporting import make_reporter
+
+    reporter = make_reporter("tensorboard", tmp_path, {"algo": algo})
+    reporter.log_row({"iteration": 1, "kl": 0.5, "eval_score": 1.0})
+    reporter.close()
+    tags = EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"]
+    assert set(tags) == {f"{algo}/kl", "eval/score"}
 
 
 def wandb_records(path: Path) -> list:

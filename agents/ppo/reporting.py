@@ -2,8 +2,8 @@
 
 Every reporter gets the same four calls from the trainer (rank 0 only): ``log_config`` once at the start,
 ``log_row`` after each iteration (step = the iteration), ``log_samples`` when samples are drawn, ``close``
-at the end. Metric names are the same everywhere: ``ppo/<key>`` for a ``metrics.jsonl`` key and
-``eval/<key>`` for its ``eval_<key>`` ones (docs/logging.md maps them to TRL's names).
+at the end. Metric names are the same everywhere: ``<algo>/<key>`` (``ppo/``, ``grpo/`` or ``rloo/``) for a
+``metrics.jsonl`` key and ``eval/<key>`` for its ``eval_<key>`` ones (docs/logging.md maps them to TRL's names).
 
 - ``tensorboard``: event files in ``OUT/tensorboard`` (the default).
 - ``wandb``: a Weights & Biases run (project ``$WANDB_PROJECT`` or ``textgym``, named after ``OUT``, files in
@@ -137,14 +137,22 @@ def _mlflow_client():
         ) from None
 
 
-def metric_name(key: str) -> str:
-    """The name a ``metrics.jsonl`` key is reported under: ``eval/<key>`` for ``eval_<key>``, else ``ppo/<key>``."""
-    return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"ppo/{key}"
+def metric_name(key: str, algo: str = "ppo") -> str:
+    """The name a ``metrics.jsonl`` key is reported under: ``eval/<key>`` for ``eval_<key>``, else ``<algo>/<key>``.
+
+    Why the algorithm: GRPO and RLOO runs beside PPO ones in one dashboard must not share PPO's curves.
+    """
+    return f"eval/{key.removeprefix('eval_')}" if key.startswith("eval_") else f"{algo}/{key}"
 
 
-def _scalars(row: dict[str, float]) -> dict[str, float]:
+def _scalars(row: dict[str, float], algo: str) -> dict[str, float]:
     """A metrics row's values by reported name (the step, ``iteration``, is not a metric)."""
-    return {metric_name(k): float(v) for k, v in row.items() if k != "iteration" and isinstance(v, (int, float))}
+    return {metric_name(k, algo): float(v) for k, v in row.items() if k != "iteration" and isinstance(v, (int, float))}
+
+
+def _algo(config: dict[str, Any]) -> str:
+    """The run's algorithm, the prefix of its metric names (``ppo`` for a config without one)."""
+    return str(config.get("algo", "ppo"))
 
 
 def _sample_table(rows: list[dict[str, Any]]) -> list[list[Any]]:
@@ -190,13 +198,14 @@ class TensorBoardReporter:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(str(out / "tensorboard"))
+        self.algo = _algo(config)
 
     def log_config(self, config: dict[str, Any]) -> None:
         # indented four spaces: TensorBoard renders text as markdown, and this keeps the JSON a code block
         self.writer.add_text("config", "\n".join("    " + line for line in json.dumps(config, indent=2).splitlines()))
 
     def log_row(self, row: dict[str, float]) -> None:
-        for name, value in _scalars(row).items():
+        for name, value in _scalars(row, self.algo).items():
             self.writer.add_scalar(name, value, row["iteration"])
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
@@ -215,7 +224,7 @@ class WandbReporter:
     def __init__(self, out: Path, config: dict[str, Any]):
         import wandb
 
-        self.wandb = wandb
+        self.wandb, self.algo = wandb, _algo(config)
         (out / "wandb").mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "textgym"), name=out.resolve().name,
                               dir=str(out), config=config, reinit="create_new")  # fmt: skip
@@ -224,7 +233,7 @@ class WandbReporter:
         self.run.config.update(config, allow_val_change=True)
 
     def log_row(self, row: dict[str, float]) -> None:
-        self.run.log(_scalars(row), step=int(row["iteration"]))
+        self.run.log(_scalars(row, self.algo), step=int(row["iteration"]))
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
         table = self.wandb.Table(columns=list(SAMPLE_COLUMNS), data=_sample_table(rows))
@@ -238,7 +247,7 @@ class MLflowReporter:
     """An MLflow run through ``MlflowClient`` (no global active run: a caller's own run is left alone)."""
 
     def __init__(self, out: Path, config: dict[str, Any]):
-        self.client = _mlflow_client()
+        self.client, self.algo = _mlflow_client(), _algo(config)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "textgym")
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
@@ -258,7 +267,7 @@ class MLflowReporter:
         from mlflow.entities import Metric
 
         now, step = int(time.time() * 1000), int(row["iteration"])
-        metrics = [Metric(k, v, now, step) for k, v in _scalars(row).items() if math.isfinite(v)]
+        metrics = [Metric(k, v, now, step) for k, v in _scalars(row, self.algo).items() if math.isfinite(v)]
         self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_samples(self, rows: list[dict[str, Any]]) -> None:
