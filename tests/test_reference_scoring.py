@@ -194,3 +194,24 @@ def test_a_vector_env_mixing_both_ways_gives_each_slot_its_own():
     assert terminated.all() and info["_token_rewards"].tolist() == [False, True]
     np.testing.assert_allclose(info["token_rewards"][1], rewards[:, 0], atol=TOL, rtol=0)
     np.testing.assert_allclose(rewards[:, 0].sum(), rewards[:, 1].sum(), atol=TOL, rtol=0)
+
+
+def test_the_collector_scores_per_step_for_an_env_whose_action_masks_read_pi_ref():
+    """MaskablePPO's masks read π_ref's next-token distribution at every step, so such an env is stepped per step."""
+    envs = make_episode_envs("TextRLHF-v0", 2, max_new_tokens=3, action_mask_top_p=0.9)
+    base = envs.unwrapped
+
+    class Masked:
+        def __init__(self):
+            self.inner = LMSampler.for_env(base.model, envs, seed=0)
+
+        def reset(self):
+            self.inner.reset()
+
+        def act(self, obs):
+            masks = torch.as_tensor(base.action_masks())  # what sb3-contrib's MaskablePPO asks every step
+            actions = masks.float().argmax(-1)
+            return actions, torch.zeros(len(actions))
+
+    episodes = collect_episodes(envs, Masked(), seed=0)
+    assert episodes["mask"].any() and base.reference_scoring == "step"

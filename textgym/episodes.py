@@ -92,7 +92,7 @@ def collect_episodes(
     seed: int | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     timing: dict[str, float] | None = None,
-    reference_scoring: str = "episode",
+    reference_scoring: str | None = None,
 ) -> TensorDict:
     """Run one complete episode in each of the first ``num_episodes`` slots of ``envs``.
 
@@ -110,6 +110,8 @@ def collect_episodes(
         reference_scoring: how the env scores π_ref for these episodes (``"episode"``: once at each
             episode's end, the fast path; ``"step"``: a cached forward per step). Both give the same
             per-token ``ref_logprob`` and ``env_reward`` (to 1e-5); the env's own setting is restored after.
+            Default: ``"episode"``, or ``"step"`` for an env with ``action_mask_top_p``, whose
+            ``action_masks()`` read π_ref's next-token distribution at every step (MaskablePPO).
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
@@ -129,6 +131,8 @@ def collect_episodes(
     b = int(running.sum())
     options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
     policy.reset()
+    if reference_scoring is None:
+        reference_scoring = "episode" if base.action_mask_top_p is None else "step"
     before, base.reference_scoring = base.reference_scoring, reference_scoring
     try:  # the setting applies to the episodes reset here; a running episode keeps its own
         obs, _ = envs.reset(seed=seed, options=options)

@@ -252,6 +252,7 @@ class TextRLHFEnv(gym.Env):
     eos_token_id = property(lambda self: self._engine.eos_id)
     stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
+    action_mask_top_p = property(lambda self: self._engine.action_mask_top_p, doc="π_ref mass action_masks() keep")
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
     reference_scoring = property(
         lambda self: self._engine.reference_scoring,
@@ -401,6 +402,7 @@ class TextRLHFVectorEnv(VectorEnv):
     eos_token_id = TextRLHFEnv.eos_token_id
     stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
+    action_mask_top_p = TextRLHFEnv.action_mask_top_p
     kl_coef = TextRLHFEnv.kl_coef
     reference_scoring = TextRLHFEnv.reference_scoring
     reference_context = TextRLHFEnv.reference_context
