@@ -38,14 +38,25 @@ def _hanging_rm(prompts: list[str], responses: list[str]) -> list[float]:
     return [0.0] * len(responses)
 
 
+SCORED = {"episodes": 0, "fail_after": None}  # "test-late" raises once it would score more than fail_after episodes
+
+
+def _late_failing_rm(prompts: list[str], responses: list[str]) -> list[float]:
+    SCORED["episodes"] += len(responses)
+    if SCORED["fail_after"] is not None and SCORED["episodes"] > SCORED["fail_after"]:
+        raise RuntimeError("test-late: the reward server went away")
+    return [0.01 * len(r) for r in responses]
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _test_reward_models():
     """Register this module's two reward models while its tests run, and only then: the registry is
     process-wide, and other modules' tests read its list of names (the unknown-name error message)."""
     register("test-switch", lambda: _switch_rm)
     register("test-hang", lambda: _hanging_rm)
+    register("test-late", lambda: _late_failing_rm)
     yield
-    for name in ("test-switch", "test-hang"):
+    for name in ("test-switch", "test-hang", "test-late"):
         _REGISTRY.pop(name)
 
 
@@ -59,6 +70,32 @@ def sha(path: Path) -> str:
 
 def rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- 0. a run stopped by an error
+NUMBERS = ("episodes", "env_steps", "rm_score", "score", "gold_score", "kl", "kl_coef", "response_length",
+           "explained_variance", "policy_loss", "value_loss", "approx_kl", "entropy")  # fmt: skip
+
+
+def test_a_run_stopped_by_an_error_saves_its_last_iteration_and_resumes_to_the_uninterrupted_run(tmp_path, capsys):
+    """Issue 37.9: a checkpoint came only every checkpoint_every iterations, so an error lost the iterations since.
+
+    The error comes in iteration 3's rollout: the checkpoint of iteration 2 is saved (its RNG states as they
+    were when iteration 2 ended), and the resumed run's numbers equal an uninterrupted run's.
+    """
+    config = {"reward_model": "test-late", "total_episodes": 24, "checkpoint_every": 10}  # 3 iterations of 8
+    whole = train(tiny(tmp_path / "whole", **config))
+    SCORED.update(episodes=0, fail_after=16)
+    out = tmp_path / "run"
+    try:
+        with pytest.raises(RewardModelError, match="the reward server went away"):
+            train(tiny(out, **config))
+    finally:
+        SCORED["fail_after"] = None
+    assert json.loads((out / "checkpoint" / "state.json").read_text())["iteration"] == 2
+    assert f"the checkpoint of iteration 2 is saved in {out / 'checkpoint'}" in capsys.readouterr().err
+    train(tiny(out, **config, resume=True))
+    assert [{k: r[k] for k in NUMBERS} for r in rows(out)] == [{k: r[k] for k in NUMBERS} for r in whole]
 
 
 # ---------------------------------------------------------------- 1. a crash during the last save

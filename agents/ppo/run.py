@@ -36,6 +36,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     """
     from tqdm.auto import tqdm
 
+    from .recovery import Boundary, save_on_error
     from .reporting import check_backends, make_reporter
 
     # every rank checks (rank 0 alone failing would leave the others waiting): a missing W&B login or an
@@ -50,12 +51,19 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
         reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
         bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc=cfg.algo,
                    disable=not (cfg.progress and main))  # fmt: skip
+        boundary = None
         try:
             while trainer.iteration_done < cfg.num_iterations:
+                boundary = Boundary.capture(trainer)  # what the rollout changes: rewound if the iteration fails
                 row = trainer.iteration()
                 if main:
                     _record(out, trainer, reporter, bar, row)
                 history.append(row)
+        except Exception as err:
+            if main and distributed.world()[1] == 1:  # under torchrun the other ranks are not rewound with it
+                bar.close()
+                save_on_error(out, trainer, boundary, err)
+            raise
         finally:
             bar.close()
             if reporter is not None:
