@@ -39,7 +39,8 @@ def no_backend_settings(tmp_path, monkeypatch):
     """A new user's shell: no W&B login, no MLflow settings, the working directory a fresh folder."""
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "MLFLOW_TRACKING_URI",
                  "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_EXPERIMENT_NAME"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so what the code under test sets is undone after the test too
+        monkeypatch.delenv(name)
     for name in ("HOME", "WANDB_CONFIG_DIR", "WANDB_DIR", "WANDB_CACHE_DIR"):
         monkeypatch.setenv(name, str(tmp_path / "home"))
     monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
@@ -52,8 +53,13 @@ def test_wandb_without_a_login_is_refused_in_one_line_before_the_run_folder(no_b
     """Issue 37.9: wandb.init raised its own UsageError traceback after the run folder was made."""
     out = no_backend_settings / "run"
     cfg = PPOConfig(**{**PRESETS["tiny"], "out": str(out), "total_episodes": 8, "report_to": "wandb"})
-    with pytest.raises(ValueError, match=r"report_to='wandb': .*`wandb login`.*WANDB_MODE=offline") as err:
-        train(cfg)
+    import wandb
+
+    try:
+        with pytest.raises(ValueError, match=r"report_to='wandb': .*`wandb login`.*WANDB_MODE=offline") as err:
+            train(cfg)
+    finally:
+        wandb.teardown()  # the login check set up wandb's process-wide settings under this test's environment
     assert "\n" not in str(err.value) and not out.exists()
 
 
