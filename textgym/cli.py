@@ -42,6 +42,24 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    """``--client-timeout`` and the like: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    return value
+
+
+def _token_cap(text: str) -> int | str | None:
+    """``--max-tokens``: ``auto`` (the reward model's context), ``none`` (no cap) or an int >= 1."""
+    if text.lower() in ("auto", "none"):
+        return None if text.lower() == "none" else "auto"
+    return _positive_int(text)
+
+
 def set_threads(requested: int | None) -> int:
     """Set torch's intra-op threads for a command: ``requested``, else ``OMP_NUM_THREADS`` if set, else one fewer
     than the cores of this process, at least one (:func:`textgym.threads.default_threads`).
@@ -324,7 +342,9 @@ def cmd_serve_rm(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(args.tokenizer or DEFAULT_LM, name="--tokenizer", require_eos=False)
     print(f"textgym serve-rm: {model.name} on http://{args.host}:{args.port} (POST /get_reward, POST /score, "
           "GET /health)", flush=True)  # fmt: skip
-    serve(model, args.host, args.port, tokenizer=tokenizer, max_batch=args.max_batch, max_items=args.max_items)
+    serve(model, args.host, args.port, tokenizer=tokenizer, max_batch=args.max_batch, max_items=args.max_items,
+          max_tokens=args.max_tokens, max_pending=args.max_pending, client_timeout=args.client_timeout,
+          request_timeout=args.request_timeout, max_connections=args.max_connections)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -463,6 +483,16 @@ def _add_serve_rm(sub: _Subparsers) -> None:
                    "LM's)")  # fmt: skip
     p.add_argument("--max-batch", type=_positive_int, default=64, help="episodes per joined forward")
     p.add_argument("--max-items", type=_positive_int, default=1024, help="episodes per request (more: HTTP 413)")
+    p.add_argument("--max-tokens", type=_token_cap, default="auto", help="tokens of prompt + response + EOS per "
+                   "episode (more: HTTP 413); auto: the reward model's context, none: no cap")  # fmt: skip
+    p.add_argument("--max-pending", type=_positive_int, default=64, help="requests waiting or being scored at once "
+                   "(more: HTTP 429, which the client retries)")  # fmt: skip
+    p.add_argument("--client-timeout", type=_positive_seconds, default=10.0, help="seconds a client has to send its "
+                   "request head, and again its body (more: HTTP 408)")  # fmt: skip
+    p.add_argument("--request-timeout", type=_positive_seconds, default=60.0, help="seconds a request may wait and "
+                   "be scored (more: HTTP 503)")  # fmt: skip
+    p.add_argument("--max-connections", type=_positive_int, default=512, help="open connections (more: HTTP 503; "
+                   "within the open-files limit)")  # fmt: skip
     p.set_defaults(func=cmd_serve_rm)
 
 
