@@ -184,3 +184,16 @@ def test_the_health_wait_follows_reward_timeout():
     with pytest.raises(RewardModelError, match=r"within 0.4 s"):
         resolve_norm(None, model, 3, timeout=0.4)
     assert 0.35 < time.monotonic() - start < 1.5
+
+
+def test_a_429_answer_is_retried():
+    """textgym serve-rm answers 429 past max_pending (issue 37.7): back-pressure, not a failure; the client waited
+    for no 4xx and stopped the run."""
+    answers = [httpx.Response(429, json={"error": "busy"}, headers={"Retry-After": "1"}),
+               httpx.Response(200, json={"rewards": [0.5, -0.5]})]  # fmt: skip
+
+    def route(request):
+        return httpx.Response(404) if request.url.path == "/health" else answers.pop(0)
+
+    model = HTTPRewardModel("http://rm.test:9/score", transport=httpx.MockTransport(route), backoff=0.01)
+    assert list(scored(model)) == [0.5, -0.5] and not answers

@@ -9,12 +9,12 @@ Two routes are spoken, chosen by the URL's path:
   reward model that scores the response alone (``default-response``) or counts tokens works as it does in process.
 
 Each finished-episode batch is one request, and the env's ``reward_timeout`` is its total deadline: every
-connect, read and write of it ends by then (:mod:`textgym.rewards.deadline`), so a server that drips its answer
-cannot stretch it. Connection failures and 5xx answers are retried with exponential backoff (0.5, 1, 2, 4, 8, 8,
-8, 8 s by default) within a retry window of the backoffs' sum after the first failure, each connection attempt
-given at most ``connect_timeout`` (5 s): a restarted server is waited for about 40 s, a host that does not
-answer at all about 45 s; then one :class:`~textgym.rewards.base.RewardModelError` names the URL and what came
-back.
+connect, read and write of it ends by then (:mod:`textgym.rewards.deadline`), so a server that drips its
+answer cannot stretch it. Connection failures, 5xx and 429 (busy) answers are retried with exponential
+backoff (0.5, 1, 2, 4, 8, 8, 8, 8 s by default) within a retry window of the backoffs' sum + 1 s after the
+first failure, each connection attempt given at most ``connect_timeout`` (5 s): a restarted server is waited
+for about 40 s, a host that does not answer at all about 45 s; then one
+:class:`~textgym.rewards.base.RewardModelError` names the URL and what came back.
 
 The score mean/std the env standardises with come from ``GET /health`` (:meth:`HTTPRewardModel.read_norm`),
 waited for at most ``reward_timeout``; a server that cannot be read then is an error, never raw scores in
@@ -66,7 +66,7 @@ class HTTPRewardModel:
     Args:
         url: ``http(s)://HOST:PORT/get_reward`` (OpenRLHF) or ``http(s)://HOST:PORT/score`` (textgym).
         timeout: seconds each request may take in all when the env gives no ``reward_timeout`` (None: no limit).
-        retries: further attempts after a connection failure or a 5xx answer.
+        retries: further attempts after a connection failure, a 5xx answer or a 429 (a busy server).
         backoff: seconds before the first retry; doubled each time, at most ``max_backoff``.
         max_backoff: the longest wait between two attempts.
         connect_timeout: seconds each connection attempt may take (a host that does not answer is retried, not
@@ -219,8 +219,8 @@ class HTTPRewardModel:
                 ``timeout``.
 
         Raises:
-            RewardModelError: the server stayed unreachable or answered 5xx through the retry window, answered
-                4xx, did not answer within the timeout, or sent a body without a ``rewards`` list.
+            RewardModelError: the server stayed unreachable or answered 5xx or 429 through the retry window,
+                answered another 4xx, did not answer within the timeout, or sent a body without a ``rewards`` list.
         """
         limit = timeout if timeout is not None else self.timeout
         response = self._post(self.payload(episodes), limit)
@@ -236,7 +236,7 @@ class HTTPRewardModel:
         return body["rewards"]
 
     def _post(self, body: dict[str, Any], timeout: float | None):
-        """POST ``body``, retrying connection failures and 5xx answers with backoff within the retry window."""
+        """POST ``body``, retrying connection failures, 5xx and 429 answers with backoff within the retry window."""
         failures: list[str] = []
         give_up_at = None  # the retry window runs from the first failure
         for attempt in range(self.retries + 1):
@@ -276,7 +276,7 @@ class HTTPRewardModel:
             ) from None
         except httpx.TransportError as err:  # refused, reset, server gone mid-answer: it may come back
             return None, f"{type(err).__name__}: {err}"
-        if response.status_code >= 500:
+        if response.status_code >= 500 or response.status_code == 429:  # 429: a busy server's back-pressure
             return None, f"HTTP {response.status_code} {short_repr(response.text, 200)}"
         if response.status_code >= 400:
             raise RewardModelError(
