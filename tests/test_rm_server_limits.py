@@ -7,6 +7,7 @@ wait is bounded (a gate the model blocks on is released by each test, at the lat
 import contextlib
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -111,6 +112,20 @@ def test_deep_nesting_and_lone_surrogates_are_json_errors(content, status, patte
     with TestClient(app, raise_server_exceptions=False) as client:
         answer = client.post("/score" if b"prompts" in content else "/get_reward", content=content)
     assert answer.status_code == status and pattern in answer.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"max_pending": 0}, "max_pending=0 must be an int >= 1"),
+        ({"max_tokens": "128"}, "max_tokens='128' must be an int >= 1, \"auto\" or None"),
+        ({"client_timeout": 0}, "client_timeout=0 must be a finite number of seconds > 0"),
+        ({"request_timeout": float("inf")}, "request_timeout=inf must be a finite number of seconds > 0"),
+    ],
+)
+def test_a_limit_out_of_range_is_refused_naming_it(kwargs, pattern):
+    with pytest.raises(ValueError, match=re.escape(pattern)):
+        create_app(Gate(), **kwargs)
 
 
 # ---------------------------------------------------------------- back-pressure and requests nobody waits for

@@ -271,6 +271,17 @@ class Limits:
     client_timeout: float = CLIENT_TIMEOUT
     request_timeout: float = REQUEST_TIMEOUT
 
+    def __post_init__(self):
+        for name in ("max_items", "max_body_bytes", "max_tokens", "max_pending"):
+            value = getattr(self, name)
+            if not (value is None and name == "max_tokens") and not (type(value) is int and value >= 1):
+                allowed = "an int >= 1" + ', "auto" or None' * (name == "max_tokens")
+                raise ValueError(f"{name}={value!r} must be {allowed}")
+        for name in ("client_timeout", "request_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")):
+                raise ValueError(f"{name}={value!r} must be a finite number of seconds > 0")
+
 
 def context_limit(model: RewardModel) -> int | None:
     """The reward model's context in tokens: its transformer's ``max_position_embeddings`` (None: not one)."""
