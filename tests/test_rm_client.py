@@ -186,6 +186,16 @@ def test_the_health_wait_follows_reward_timeout():
     assert 0.35 < time.monotonic() - start < 1.5
 
 
+def test_gym_make_waits_for_health_no_longer_than_reward_timeout():
+    """The env's own reading of the scale follows its reward_timeout (it waited the client's 60 s)."""
+    url = f"http://127.0.0.1:{free_port()}/score"
+    model = HTTPRewardModel(url, timeout=60.0, backoff=0.05, max_backoff=0.1)
+    start = time.monotonic()
+    with pytest.raises(RewardModelError, match=r"within 0.4 s"):
+        gym.make("TextRLHF-v0", reward_model=model, reward_timeout=0.4, max_new_tokens=3, gold_scorer=None)
+    assert time.monotonic() - start < 3.0
+
+
 def test_a_429_answer_is_retried():
     """textgym serve-rm answers 429 past max_pending (issue 37.7): back-pressure, not a failure; the client waited
     for no 4xx and stopped the run."""

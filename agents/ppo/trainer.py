@@ -215,11 +215,12 @@ class Trainer:
         """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing in minibatches of the update's size, fp32 log-softmax."""
         out = []
         batch = data.batch_size[0]
-        for rows in torch.tensor_split(torch.arange(batch, device=self.device), min(self.cfg.num_minibatches, batch)):
-            mb = data[rows]
-            with self.autocast():
+        minibatches = torch.tensor_split(torch.arange(batch, device=self.device), min(self.cfg.num_minibatches, batch))
+        with self.autocast():  # one region: the weights do not change here, so autocast casts them to bf16 once
+            for rows in minibatches:
+                mb = data[rows]
                 logits = self.actor_logits(mb["sequence"], mb["sequence_mask"], mb.get("kept", None))  # (b, T, V)
-            out.append(gather_logprobs(logits, mb["action"]))
+                out.append(gather_logprobs(logits, mb["action"]))
         self._last_logits.clear()
         return torch.cat(out) * data["mask"]
 

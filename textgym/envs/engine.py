@@ -166,7 +166,7 @@ class Engine:
             check_positions("reward_model", self.reward_model.model, self.seq_len + 1, self.max_prompt_tokens,
                              self.max_new_tokens)  # fmt: skip
         self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
-        self.norm = resolve_norm(normalize_reward, self.reward_model, self.max_new_tokens)
+        self.norm = resolve_norm(normalize_reward, self.reward_model, self.max_new_tokens, timeout=self.reward_timeout)
 
     def _allocate_slots(self, num_slots: int) -> None:
         """Every slot's episode state, sized once for ``num_slots`` × ``seq_len``: ``start`` and ``advance`` fill it."""
