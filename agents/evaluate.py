@@ -43,11 +43,13 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
 
     A model folder is data: its run info may name a reward model by a registered name or a path to
     weights, never a ``module:attr`` (importing it would run code shipped beside the weights) or a URL
-    (the episodes would go to a server the folder chose), unless
-    the caller gives that same argument itself (``given``, e.g. ``--reward-model``).
+    (the episodes would go to a server the folder chose), and an env only by a registered id, never a
+    ``module:EnvName`` (gym.make imports the module), unless the caller gives that same argument itself
+    (``given``, e.g. ``--reward-model``).
 
     Raises:
-        ValueError: the run info names a ``module:attr`` or URL reward model that ``given`` does not override.
+        ValueError: the run info names a ``module:attr`` or URL reward model, or a ``module:EnvName`` env id,
+            that ``given`` does not override.
     """
     path = Path(policy) / RUN_INFO if policy is not None else None
     if path is None or not path.is_file():
@@ -62,6 +64,13 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
                 f"registered name or a path to weights. If you trust it, pass it yourself: {flag} {run[name]!r} "
                 f"(Python: {name}=...)"
             )
+    env_id = run.get("env_id")
+    if "env_id" not in given and isinstance(env_id, str) and ":" in env_id:
+        raise ValueError(
+            f"{path} names env_id={env_id!r}, a module that gym.make would import (its code run); a run-info "
+            f"file may name an env only by a registered id such as 'TextRLHF-v0'. If you trust it, pass it "
+            f"yourself (Python: evaluate(..., env_id={env_id!r}))"
+        )
     return run
 
 

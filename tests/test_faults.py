@@ -236,6 +236,29 @@ def test_the_gold_scorer_of_a_run_info_file_is_taken_by_name_and_refused_as_code
         evaluate(str(pol), episodes=2, num_envs=2)
 
 
+def test_a_module_path_env_id_in_a_run_info_file_is_refused(done_run, tmp_path, monkeypatch, capsys):
+    """Issue 37.3: a run-info ``env_id`` of ``module:EnvName`` made gym.make import the module: code that came with
+    the weights ran on `textgym eval --model` from the folder's parent."""
+    from textgym.agents.evaluate import evaluate
+    from textgym.cli import main
+
+    pol = Path(shutil.copytree(done_run / "policy", tmp_path / "envpol"))
+    marker = tmp_path / "code-ran"
+    (pol / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    info = json.loads((pol / "textgym_run.json").read_text())
+    (pol / "textgym_run.json").write_text(json.dumps({**info, "env_id": "envpol.evil:TextRLHF-v0"}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m textgym.cli` from the parent folder
+    with pytest.raises(ValueError, match=r"textgym_run\.json names env_id='envpol\.evil:TextRLHF-v0', a module"):
+        evaluate(str(pol), episodes=2, num_envs=2)
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--model", "envpol", "--episodes", "2", "--num-envs", "2", "--no-progress"])
+    assert exit_.value.code == 2 and "names env_id='envpol.evil:TextRLHF-v0'" in capsys.readouterr().err
+    assert not marker.exists(), "the module named by the run-info file was imported"
+    evaluate(str(pol), episodes=2, num_envs=2, env_id="envpol.evil:TextRLHF-v0")  # given by the caller: taken
+    assert marker.exists()
+
+
 def test_eval_prints_what_it_took_from_the_run_info(done_run, capsys):
     from textgym.cli import main
 
