@@ -383,6 +383,34 @@ def test_a_full_disk_during_a_save_says_so_and_names_the_folder(trainer, tmp_pat
     assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".checkpoint")]
 
 
+def test_a_full_disk_inside_safetensors_names_the_disk_and_the_folder(trainer, tmp_path, monkeypatch):
+    """Issue 37.6: safetensors reports ENOSPC as its own SafetensorError (no OSError, no errno): it came out as a
+    raw traceback. The error it raises on a full tmpfs, from a writer that had begun its file."""
+    import errno
+
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+
+    import textgym.utils as utils
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
+    monkeypatch.setattr(utils, "_free_bytes", lambda path: 3 * 2**20)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match=r"no space left on the device holding .*out/checkpoint") as err:
+        trainer.save(out)
+    assert err.value.errno == errno.ENOSPC
+    disk = Path(tmp_path)
+    while not os.path.ismount(disk):
+        disk = disk.parent
+    assert f"the file system mounted at {disk}" in str(err.value) and "3.0 MiB free" in str(err.value)
+    assert "SafetensorError" in str(err.value)
+    assert not list(out.iterdir()), "nothing half-written is left"
+
+
 def test_an_out_on_a_read_only_file_system_is_one_clear_error(tmp_path, capsys, monkeypatch):
     import errno
 

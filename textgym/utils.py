@@ -68,23 +68,44 @@ def save_folder_atomically(out: str | Path, write: Callable[[Path], object]) -> 
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if _disk_full(err, out.parent):
-            raise OSError(errno.ENOSPC, f"no space left on the device holding {out} while saving it "
-                          f"({_free_bytes(out.parent) / 2**20:.1f} MiB free); the previous {out.name} is kept: free "
-                          f"some space and run again ({type(err).__name__}: {err})") from err  # fmt: skip
+            raise _disk_full_error(out, err) from err
         raise
     _swap_in(out)
+
+
+def _disk_full_error(out: Path, err: BaseException) -> OSError:
+    """One ENOSPC error naming the folder being saved, the disk (mount point and free space) and what is kept."""
+    kept = f"the previous {out.name} is kept" if out.exists() else "nothing of it is left"
+    return OSError(errno.ENOSPC, f"no space left on the device holding {out} (the file system mounted at "
+                   f"{_mount_point(out.parent)}, {_free_bytes(out.parent) / 2**20:.1f} MiB free) while saving it; "
+                   f"{kept}: free some space and run again ({type(err).__name__}: {err})")  # fmt: skip
+
+
+# Rust's io::Error ends its text with "(os error N)": how safetensors' and tokenizers' writers report ENOSPC/EDQUOT
+_RUST_DISK_FULL = re.compile(rf"\(os error (?:{errno.ENOSPC}|{errno.EDQUOT})\)")
 
 
 def _disk_full(err: BaseException, folder: Path) -> bool:
     """Whether ``err`` of a write into ``folder`` means the disk is full.
 
-    Why both tests: ``open``/``write`` say ENOSPC, but torch's zip writer reports a short write as a
-    RuntimeError ("enforce fail at inline_container.cc ... unexpected pos"), which only a nearly
-    empty disk explains.
+    Why three tests: ``open``/``write`` say ENOSPC; Rust writers (safetensors, tokenizers) raise their
+    own exception type whose text carries the OS error number; and torch's zip writer reports a short
+    write as a RuntimeError ("enforce fail at inline_container.cc ... unexpected pos"), which only a
+    nearly empty disk explains.
     """
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
+    if not isinstance(err, OSError) and _RUST_DISK_FULL.search(str(err)):
+        return True
     return isinstance(err, RuntimeError) and "unexpected pos" in str(err) and _free_bytes(folder) < 64 * 2**20
+
+
+def _mount_point(folder: Path) -> Path:
+    """The mount point of the file system holding ``folder`` (the disk a full-disk error names)."""
+    path = folder.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
 
 
 def _free_bytes(folder: Path) -> int:
