@@ -292,6 +292,94 @@ def test_a_lock_that_is_a_directory_is_refused_with_a_clear_message(tmp_path):
             pass
 
 
+def test_a_lock_that_is_a_hard_link_is_refused_and_the_other_file_untouched(tmp_path):
+    """Issue 37.4: O_NOFOLLOW stops a symlink, not a hard link: the trainer's pid was written into the other file."""
+    from textgym.utils import lock_folder
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "out").mkdir()
+    os.link(victim, tmp_path / "out" / ".lock")
+    with pytest.raises(ValueError, match=r"out='.*out': its lock .*\.lock is a hard link \(2 names"):
+        with lock_folder(tmp_path / "out", "out"):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_lock_that_is_a_fifo_is_refused_with_a_clear_message(tmp_path):
+    """Issue 37.4: a FIFO at the lock's name gave a bare '[Errno 22] Invalid argument'."""
+    from textgym.utils import lock_folder
+
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "out" / ".lock")
+    with pytest.raises(ValueError, match=r"out='.*out': its lock .*\.lock is a FIFO .*remove it \(rm "):
+        with lock_folder(tmp_path / "out", "out"):
+            pass
+
+
+def test_a_symlinked_temp_file_in_out_never_writes_its_target(tmp_path):
+    """Issue 37.4: a symlink at ``OUT/.samples.jsonl.tmp`` made the rewritten samples go into its target, and the
+    start's recovery removed the other stale temp files but not this one."""
+    from textgym.agents.ppo import run_folder
+
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / "samples.jsonl").write_text('{"iteration": 1}\n{"iteration": 2}\n')
+    for name in ("samples.jsonl", "metrics.jsonl", "config.json"):
+        (out / f".{name}.tmp").symlink_to(victim)
+    run_folder.start_files(out, [{"iteration": 1}], 1, {"seed": 0})
+    assert victim.read_text() == "precious\n"
+    assert (out / "samples.jsonl").read_text() == '{"iteration": 1}\n' and not (out / "samples.jsonl").is_symlink()
+    assert (out / "metrics.jsonl").read_text() == '{"iteration": 1}\n'
+    (out / ".samples.jsonl.tmp").symlink_to(tmp_path / "elsewhere")
+    run_folder.open_run_folder(out, tiny(out), overwrite=True)
+    assert not os.path.lexists(out / ".samples.jsonl.tmp"), "recovery drops the stale samples temp file too"
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "samples.jsonl", "config.json", "tensorboard", "checkpoint"])
+def test_a_run_entry_that_is_a_symlink_is_refused_at_the_start(tmp_path, name):
+    """Issue 37.4: a symlinked (here dangling) ``OUT/samples.jsonl`` was skipped by the start's rewrite and the
+    appends followed it, creating its target outside OUT; a symlinked run file or folder is refused before any
+    model loads."""
+    from textgym.agents.ppo import run_folder
+
+    out, target = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    (out / name).symlink_to(target)
+    with pytest.raises(ValueError, match=rf"out='.*out': its (file|folder) .*{name} is a symbolic link .*remove it"):
+        run_folder.open_run_folder(out, tiny(out), overwrite=True)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "samples.jsonl"])
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_an_append_never_writes_through_a_link(tmp_path, name, link):
+    """Issue 37.4: the appends to ``OUT/metrics.jsonl`` and ``OUT/samples.jsonl`` opened whatever the name reached."""
+    from textgym.agents.ppo import run_folder
+
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    os.symlink(victim, out / name) if link == "symlink" else os.link(victim, out / name)
+    what = "a symbolic link" if link == "symlink" else r"a hard link \(2 names"
+    append = run_folder.append_metrics if name == "metrics.jsonl" else run_folder.append_samples
+    with pytest.raises(ValueError, match=rf"out='.*out': its file .*{name} is {what}.*remove it \(rm "):
+        append(out, {"iteration": 1} if name == "metrics.jsonl" else [{"iteration": 1}])
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_hard_linked_copy_of_a_run_resumes_without_changing_the_original(run, tmp_path):
+    """A ``cp -al`` copy shares every file with its original: the start replaces the run files by a rename, so the
+    resumed copy's metrics, samples and config never reach the original's (hard links are allowed there)."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-al", str(run), str(copy)], check=True)
+    before = {name: sha(run / name) for name in ("metrics.jsonl", "config.json")}
+    train(tiny(copy, resume=True, total_episodes=tiny(copy).total_episodes * 2, samples_every=1))
+    assert {name: sha(run / name) for name in before} == before
+    assert len(rows(copy)) > len(rows(run))
+
+
 # ---------------------------------------------------------------- 5. config values of the wrong type
 @pytest.mark.parametrize(
     "field, value, kind",
@@ -409,6 +497,23 @@ def test_a_full_disk_inside_safetensors_names_the_disk_and_the_folder(trainer, t
     assert f"the file system mounted at {disk}" in str(err.value) and "3.0 MiB free" in str(err.value)
     assert "SafetensorError" in str(err.value)
     assert not list(out.iterdir()), "nothing half-written is left"
+
+
+def test_a_full_disk_during_an_atomic_file_write_leaves_no_temp_file(tmp_path, monkeypatch):
+    import errno
+
+    from textgym.utils import write_text_atomically
+
+    (tmp_path / "config.json").write_text("old\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomically(tmp_path / "config.json", "new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    assert (tmp_path / "config.json").read_text() == "old\n"
 
 
 def test_an_out_on_a_read_only_file_system_is_one_clear_error(tmp_path, capsys, monkeypatch):

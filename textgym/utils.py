@@ -7,14 +7,17 @@ import errno
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = [
     "FolderInUseError",
+    "check_own_file",
     "check_writable_folder",
     "lock_folder",
+    "open_own_file",
     "recover_folder",
     "link_files",
     "save_folder_atomically",
@@ -202,15 +205,96 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomically(path: str | Path, text: str) -> None:
-    """Write ``text`` through ``.NAME.tmp`` and a rename: a crash leaves the old file or the new one, never half."""
+def write_text_atomically(path: str | Path, text: str, argument: str = "folder") -> None:
+    """Write ``text`` through ``.NAME.tmp`` and a rename: a crash leaves the old file or the new one, never half.
+
+    The temp file is created anew (``O_EXCL``) after any stale one is removed: a link planted at its
+    name is unlinked (never its target), so the text cannot go into a file outside the folder.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        tmp.unlink(missing_ok=True)  # a stale temp, or a link at its name: unlink removes the name alone
+    except IsADirectoryError:
+        check_own_file(tmp, argument)  # raises, naming it
+        raise
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written temp is left
+        raise
+
+
+# ---------------------------------------------------------------- a folder's own files
+def open_own_file(path: str | Path, flags: int, argument: str = "folder", role: str = "file") -> int:
+    """``os.open`` of a regular file that is the folder's own: never through a link into a file elsewhere.
+
+    Why: a writer of ``folder/NAME`` must change that file alone. ``O_NOFOLLOW`` stops a symlink at
+    the name, ``fstat`` a hard link (another name for the same file), a FIFO or a device;
+    ``O_NONBLOCK`` keeps the open of a FIFO from waiting for a reader.
+
+    Raises:
+        ValueError: naming ``argument``, the folder, the path, what it is and how to remove it.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666)
+    except OSError:
+        check_own_file(path, argument, role)  # ELOOP (a symlink), EISDIR, ENXIO (a FIFO): say what it is
+        raise
+    what = _not_own(path, os.fstat(fd))
+    if what is not None:
+        os.close(fd)
+        raise _refusal(path, argument, role, what)
+    return fd
+
+
+def check_own_file(path: str | Path, argument: str = "folder", role: str = "file", hard_links: bool = False) -> None:
+    """Refuse ``path`` unless it is missing or a plain file (``role="folder"``: a real directory) of its folder.
+
+    ``hard_links=True`` allows a file with other names: one the caller replaces by a rename, never writes in place.
+
+    Raises:
+        ValueError: naming ``argument``, the folder, the path, what it is and how to remove it.
+    """
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if role == "folder":
+        what = None if stat.S_ISDIR(st.st_mode) else _not_own(path, st) or "a file, not a folder"
+    else:
+        what = _not_own(path, st, hard_links)
+    if what is not None:
+        raise _refusal(path, argument, role, what)
+
+
+def _not_own(path: Path, st: os.stat_result, hard_links: bool = False) -> str | None:
+    """What makes ``path`` (``st``: its lstat or fstat) no plain file of its own, or None."""
+    mode = st.st_mode
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link (to {os.readlink(path)!r}), which textgym never writes through"
+    if stat.S_ISDIR(mode):
+        return "a directory, not a file"
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return f"a {'FIFO (named pipe)' if stat.S_ISFIFO(mode) else 'socket'}, not a regular file"
+    if not stat.S_ISREG(mode):
+        return "a device, not a regular file"
+    if st.st_nlink > 1 and not hard_links:
+        return f"a hard link ({st.st_nlink} names share its contents): writing it would change another file"
+    return None
+
+
+def _refusal(path: Path, argument: str, role: str, what: str) -> ValueError:
+    remove = f"rm -r {path}" if path.is_dir() and not path.is_symlink() else f"rm {path}"
+    return ValueError(f"{argument}={str(path.parent)!r}: its {role} {path} is {what}; remove it ({remove}) and run "
+                      "again")  # fmt: skip
 
 
 def check_writable_folder(folder: str | Path, argument: str = "folder") -> None:
@@ -281,27 +365,15 @@ def _acquire(path: Path, argument: str, wait: bool = False) -> int:
 
 
 def _open_lock_file(path: Path, argument: str) -> int:
-    """Open (or create) the lock file itself, never what a link at its name points to.
+    """Open (or create) the lock file itself, never a file elsewhere that a link at its name reaches.
 
-    Why O_NOFOLLOW: the holder truncates the lock and writes its pid into it; through a symlink
-    that would overwrite any file the user can write.
+    Why :func:`open_own_file`: the holder truncates the lock and writes its pid into it; through a
+    symlink or a hard link that would overwrite another file the user can write.
 
     Raises:
-        ValueError: the lock's name is taken by a symlink or a directory (naming the folder and what to remove).
+        ValueError: the lock's name is taken by a link, a directory, a FIFO or a device (naming what to remove).
     """
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError as err:
-        if err.errno == errno.ELOOP or path.is_symlink():
-            what = f"a symbolic link (to {os.readlink(path)!r}), which the lock never follows"
-        elif err.errno == errno.EISDIR or path.is_dir():
-            what = "a directory, not a lock file"
-        else:
-            raise
-        remove = f"rm -r {path}" if path.is_dir() and not path.is_symlink() else f"rm {path}"
-        raise ValueError(
-            f"{argument}={str(path.parent)!r}: its lock {path} is {what}; remove it ({remove}) and run again"
-        ) from None
+    return open_own_file(path, os.O_RDWR | os.O_CREAT, argument, role="lock")
 
 
 def _same_file(fd: int, path: Path) -> bool:

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
-from textgym.utils import check_writable_folder, lock_folder, recover_folder, short_repr, write_text_atomically
+from textgym.utils import (
+    check_own_file,
+    check_writable_folder,
+    lock_folder,
+    open_own_file,
+    recover_folder,
+    short_repr,
+    write_text_atomically,
+)
 
 from .checkpoint import export_matches, read_state
 from .config import RESUME_APPLIED, RESUME_FREE, PPOConfig, field_defaults
@@ -40,7 +49,8 @@ METRICS = "metrics.jsonl"
 SAMPLES = "samples.jsonl"  # sample completions every `samples_every` iterations
 RUN_FOLDERS = ("checkpoint", "policy", "value")  # written with save_folder_atomically
 EXPORTS = {"policy": "policy", "value": "critic"}  # exported HF folder -> the checkpoint folder it is made from
-RUN_FILES = (METRICS, SAMPLES, "config.json", "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
+REWRITTEN = (METRICS, SAMPLES, "config.json")  # rewritten whole at a (re)start (write_text_atomically)
+RUN_FILES = (*REWRITTEN, "tensorboard", *RUN_FOLDERS)  # what --overwrite removes
 BEFORE_FIELDS = {"tis_cap": None}  # what a run saved before these fields existed did
 
 
@@ -82,6 +92,7 @@ def open_run_folder(out: Path, cfg: PPOConfig, overwrite: bool) -> list[dict[str
             f"resume=True and overwrite=True for out={cfg.out!r}: continue the run or replace it, not both"
         )
     _recover(out)
+    _check_own_entries(out)
     found = _holds_run(out)
     if overwrite or not found:
         return None
@@ -147,8 +158,21 @@ def _recover(out: Path) -> None:
     for name in RUN_FOLDERS:
         if note := recover_folder(out / name):
             warnings.warn(f"{out / name}: {note}", stacklevel=4)
-    for name in (METRICS, "config.json"):
-        (out / f".{name}.tmp").unlink(missing_ok=True)
+    for name in REWRITTEN:
+        tmp = out / f".{name}.tmp"
+        if not tmp.is_dir() or tmp.is_symlink():  # unlink removes a link, never its target
+            tmp.unlink(missing_ok=True)
+
+
+def _check_own_entries(out: Path) -> None:
+    """Refuse a run file or folder of ``out`` that is a link (or a FIFO, a device): the run would write through it.
+
+    A hard-linked run file (a ``cp -al`` copy of a run) is allowed: the start replaces each whole by a rename.
+    """
+    for name in REWRITTEN:
+        check_own_file(out / name, "out", hard_links=True)
+    for name in ("tensorboard", *RUN_FOLDERS):
+        check_own_file(out / name, "out", role="folder")
 
 
 def clear_run(out: Path) -> None:
@@ -164,8 +188,8 @@ def clear_run(out: Path) -> None:
 def start_files(out: Path, history: list[dict[str, Any]], iteration: int, config: dict[str, Any]) -> None:
     """At a (re)start: the kept metrics rows and sample rows up to ``iteration``, and the config, rewritten whole."""
     _keep_samples(out, iteration)
-    write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
-    write_text_atomically(out / "config.json", json.dumps(config, indent=2) + "\n")
+    write_text_atomically(out / METRICS, "".join(json.dumps(r) + "\n" for r in history), "out")
+    write_text_atomically(out / "config.json", json.dumps(config, indent=2) + "\n", "out")
 
 
 def stale_exports(out: Path, trained: list[str], run_info: dict[str, Any]) -> list[str]:
@@ -182,8 +206,13 @@ def stale_exports(out: Path, trained: list[str], run_info: dict[str, Any]) -> li
 
 # ---------------------------------------------------------------------- metrics and samples
 def append_metrics(out: Path, row: dict[str, Any]) -> None:
-    with (out / METRICS).open("a") as f:
+    with _append(out / METRICS) as f:
         f.write(json.dumps(row) + "\n")
+
+
+def _append(path: Path):
+    """``path`` opened to append, refused if it is a link to another file (:func:`textgym.utils.open_own_file`)."""
+    return os.fdopen(open_own_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "out"), "a", encoding="utf-8")
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -219,7 +248,7 @@ def _metrics_row(path: Path, n: int, line: str) -> dict[str, Any]:
 
 def append_samples(out: Path, rows: list[dict[str, Any]]) -> None:
     """Append sample completions to ``samples.jsonl``."""
-    with (out / SAMPLES).open("a", encoding="utf-8") as f:
+    with _append(out / SAMPLES) as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -228,7 +257,8 @@ def _keep_samples(out: Path, iteration: int) -> None:
     path = out / SAMPLES
     if path.is_file():
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        write_text_atomically(path, "".join(line + "\n" for line in lines if _sample_iteration(line) <= iteration))
+        kept = "".join(line + "\n" for line in lines if _sample_iteration(line) <= iteration)
+        write_text_atomically(path, kept, "out")
 
 
 def _sample_iteration(line: str) -> int:
