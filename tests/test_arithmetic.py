@@ -56,7 +56,7 @@ def test_grpo_raises_exact_answer_accuracy_on_held_out_problems(tmp_path):
 
     # The learning rate decays linearly to 0: at a constant 1e-4 the held-out accuracy of the last policy swung
     # with where training stopped (seeds 0-4: +1.7 to +10.8 points; seed 0's training accuracy had passed +10
-    # and fallen back). Decayed, seeds 0-3 gained +7.2 to +8.7 points (docs/performance.md, the sampler row of the lever table).
+    # and fallen back). Decayed, seeds 0-3 gained +7.2 to +8.7 points (docs/performance.md, the sampler's lever row).
     cfg = PPOConfig(env_id="TextArithmetic-v0", algo="grpo", group_size=8, num_envs=64, max_new_tokens=4,
                     target_kl=None, learning_rate=1e-4, lr_schedule="linear", ppo_epochs=2, num_minibatches=2,
                     device="cpu", total_episodes=64 * 200, out=str(tmp_path), progress=False)  # fmt: skip
