@@ -427,9 +427,42 @@ def test_a_batch_beyond_the_machines_memory_is_refused_with_the_estimate(tmp_pat
     need = estimate_rollout_bytes(cfg)
     assert need > estimate_rollout_bytes(tiny(tmp_path / "run", num_envs=1000, total_episodes=1000)) * 50
     monkeypatch.setattr(guards, "available_memory", lambda: need // 2)
-    with pytest.raises(ValueError, match=r"num_envs=100000 needs about [\d.]+ GiB .* [\d.]+ GiB available"):
+    with pytest.raises(ValueError, match=r"num_envs=100000 needs about [\d.]+ GiB .* [\d.]+ GiB"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_a_batch_whose_peak_passes_the_machines_memory_is_refused_whatever_is_free_now(tmp_path, monkeypatch):
+    """Issue 37.5: the refusal compared the estimate (a lower bound) with the memory free at that moment, so
+    num_envs=100000 (19 GiB) ran for minutes on a machine with about that much free. The peak it implies (the
+    measured PEAK_OVER_ESTIMATE times it) is held against the machine's memory, whatever is free, and against what
+    is free now."""
+    from textgym.agents.ppo import guards
+    from textgym.agents.ppo.guards import PEAK_OVER_ESTIMATE, check_memory, estimate_rollout_bytes
+
+    cfg = tiny(tmp_path / "run", num_envs=16000, total_episodes=16000)
+    need = estimate_rollout_bytes(cfg)
+    monkeypatch.setattr(guards, "total_memory", lambda: PEAK_OVER_ESTIMATE * need // 2)
+    monkeypatch.setattr(guards, "available_memory", lambda: 100 * need)
+    with pytest.raises(ValueError, match=r"num_envs=16000 needs about [\d.]+ GiB .* about 10 times it, [\d.]+ GiB, "
+                                         r"more than the [\d.]+ GiB this machine has"):  # fmt: skip
+        check_memory(cfg)
+    monkeypatch.setattr(guards, "total_memory", lambda: 100 * need)
+    monkeypatch.setattr(guards, "available_memory", lambda: PEAK_OVER_ESTIMATE * need // 2)
+    with pytest.raises(ValueError, match=r"more than the [\d.]+ GiB available now"):
+        check_memory(cfg)
+    monkeypatch.setattr(guards, "available_memory", lambda: 2 * PEAK_OVER_ESTIMATE * need)
+    check_memory(cfg)  # its peak fits twice in what is free: it runs
+
+
+def test_a_refused_batch_writes_nothing_into_out(tmp_path, monkeypatch):
+    """Issue 37.5: the memory check came after OUT was created and locked."""
+    from textgym.agents.ppo import guards
+
+    monkeypatch.setattr(guards, "available_memory", lambda: 2**20)
+    with pytest.raises(ValueError, match=r"num_envs=8 needs about"):
+        train(tiny(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------- 6. a reward-model timeout for train

@@ -2,7 +2,7 @@
 
 Three guards the trainer calls: non-finite numbers (a loss, a gradient, a weight) refuse the update
 or the save, so the last good checkpoint stays the run's; a batch whose rollout and update cannot
-fit in memory is refused before any model loads, with the estimate; SIGTERM stops a run as
+fit in memory is refused before the run folder is touched, with the estimate; SIGTERM stops a run as
 Ctrl-C does, so the caller can say what the run folder holds.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 __all__ = ["NonFiniteError", "Stopped", "available_memory", "check_finite", "check_finite_weights", "check_memory",
-           "estimate_rollout_bytes", "first_non_finite", "stop_on_sigterm"]  # fmt: skip
+           "estimate_rollout_bytes", "first_non_finite", "stop_on_sigterm", "total_memory"]  # fmt: skip
 
 
 class NonFiniteError(FloatingPointError):
@@ -69,11 +69,35 @@ def check_finite_weights(models: Mapping[str, torch.nn.Module], iteration: int) 
 
 
 # ---------------------------------------------------------------------- memory
+# The estimate is a lower bound (models, optimizer and the update's activations not counted): the tiny
+# preset's peak memory was about 10 times it (docs/training.md). A batch is refused when that measured
+# peak would not fit: past the machine's memory whatever is free (the answer depends on the machine,
+# not the moment), or past the memory free now.
+PEAK_OVER_ESTIMATE = 10
+
+
 def available_memory() -> int | None:
     """Bytes of memory a new allocation can still get (``MemAvailable``), or None where it cannot be read."""
+    return _meminfo("MemAvailable")
+
+
+def total_memory() -> int | None:
+    """Bytes of memory this process may ever use: ``MemTotal``, or a smaller cgroup limit (a container's)."""
+    sizes = [_meminfo("MemTotal")]
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            sizes.append(int(Path(path).read_text().strip()))
+        except (OSError, ValueError):  # no such cgroup file, or "max": no limit
+            continue
+    known = [size for size in sizes if size is not None]
+    return min(known) if known else None
+
+
+def _meminfo(key: str) -> int | None:
+    """``key`` of ``/proc/meminfo`` in bytes, or None where it cannot be read."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
@@ -102,18 +126,29 @@ def _model_dims(cfg) -> dict[str, int] | None:
 
 
 def check_memory(cfg) -> None:
-    """Refuse a batch whose rollout and update cannot fit in the memory this machine has free now.
+    """Refuse a batch whose rollout and update would not fit in memory, with the margin the estimate leaves out.
+
+    The estimate times ``PEAK_OVER_ESTIMATE`` (the measured peak) is held against the machine's memory
+    (refused whatever is free now) and against the memory free now.
 
     Raises:
-        ValueError: naming ``num_envs``, the estimate (a lower bound) and the memory available.
+        ValueError: naming ``num_envs``, the estimate, the peak it implies and the memory it was held against.
     """
-    need, have = estimate_rollout_bytes(cfg), available_memory()
-    if need is None or have is None or need <= have:
+    need = estimate_rollout_bytes(cfg)
+    if need is None:
+        return
+    peak, total, have = need * PEAK_OVER_ESTIMATE, total_memory(), available_memory()
+    if total is not None and peak > total:
+        limit = f"the {total / 2**30:.2f} GiB this machine has"
+    elif have is not None and peak > have:
+        limit = f"the {have / 2**30:.2f} GiB available now"
+    else:
         return
     raise ValueError(
         f"num_envs={cfg.num_envs} needs about {need / 2**30:.2f} GiB for its rollout caches and one update's "
-        f"logits (a lower bound, models not counted), more than the {have / 2**30:.2f} GiB available on this "
-        "machine; lower num_envs, or raise num_minibatches (the update's share)"
+        f"logits, a lower bound: with the models, optimizer and the update's activations a run's peak was about "
+        f"{PEAK_OVER_ESTIMATE} times it, {peak / 2**30:.2f} GiB, more than {limit}; lower num_envs, or raise "
+        "num_minibatches (the update's share)"
     )
 
 

@@ -42,6 +42,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
     # every rank checks (rank 0 alone failing would leave the others waiting): a missing W&B login or an
     # MLflow store that cannot open is one line, before the run folder is touched
     check_backends(cfg.report_to)
+    check_memory(cfg)  # before OUT is created or any model loads: a batch the machine cannot hold is refused
     out = Path(cfg.out)
     joined = not distributed.initialized()
     distributed.init(resolve_device(cfg.device))
@@ -81,7 +82,6 @@ def _start(out: Path, cfg: PPOConfig, overwrite: bool) -> tuple[Trainer, list[di
     reads the checkpoint (one machine, or ``out`` on a file system every node sees).
     """
     main = distributed.is_main()
-    check_memory(cfg)  # before any model loads: a batch the machine cannot hold is refused with the estimate
     # rank 0 decides the thread count too (the resumed run's, else the default) and every rank takes it
     history, cfg.threads = distributed.on_main(
         lambda: (run_folder.open_run_folder(out, cfg, overwrite), cfg.threads or default_threads())
