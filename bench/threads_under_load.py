@@ -89,7 +89,7 @@ def trainer():
 
 
 def smollm2():
-    return vector(model="smollm2-135m-instruct", chat_template=True, prompts="review-requests")
+    return vector(model="smollm2-135m-instruct", chat_template=True, prompts="review-requests", normalize_reward=False)
 
 
 out = {case: globals()[case]() for case in cases}

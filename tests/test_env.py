@@ -144,7 +144,9 @@ def _with_generation_stop_ids(tmp_path, stop_ids):
 
 def test_an_episode_ends_on_any_of_the_models_stop_ids(tmp_path):
     end_of_turn = 7
-    env = gym.make("TextRLHF-v0", model=_with_generation_stop_ids(tmp_path, [2, end_of_turn]), max_new_tokens=6)
+    # another π_ref folder: the embedded RM's stored scale is not its (refused otherwise)
+    env = gym.make("TextRLHF-v0", model=_with_generation_stop_ids(tmp_path, [2, end_of_turn]), max_new_tokens=6,
+                   normalize_reward=False)  # fmt: skip
     assert env.unwrapped.stop_token_ids == (2, end_of_turn)
     env.reset(seed=0, options={"prompt": "The movie"})
     _, _, term, _, info = env.step(20)
@@ -169,7 +171,7 @@ def test_a_pad_token_that_is_also_a_stop_id_is_replaced(tmp_path):
     """Chat models that pad with a token they also stop on (e.g. <|endoftext|>): PAD moves, EOS/PAD stay distinct."""
     tok_pad = 0  # the embedded tokenizer's <pad>
     env = gym.make("TextRLHF-v0", model=_with_generation_stop_ids(tmp_path, [2, tok_pad]), max_new_tokens=3,
-                   prompts=["The movie"], max_prompt_tokens=6)  # fmt: skip
+                   prompts=["The movie"], max_prompt_tokens=6, normalize_reward=False)  # fmt: skip
     base = env.unwrapped
     assert tok_pad in base.stop_token_ids and base.pad_token_id not in base.stop_token_ids
     obs, _ = env.reset(seed=0)
@@ -354,7 +356,7 @@ def test_any_hf_causal_lm_works_gpt2_architecture(tmp_path):
         tmp_path / "gpt2"
     )
     tok.save_pretrained(tmp_path / "gpt2")
-    env = gym.make("TextRLHF-v0", model=str(tmp_path / "gpt2"), max_new_tokens=8)
+    env = gym.make("TextRLHF-v0", model=str(tmp_path / "gpt2"), max_new_tokens=8, normalize_reward=False)
     obs, _, _, infos = run_episode(env, ref_policy(env), seed=0)
     stepped = np.array([i["ref_logprob"] for i in infos])
     np.testing.assert_allclose(stepped, full_forward_ref_logprobs(env, obs[-1]), atol=1e-5)

@@ -241,7 +241,7 @@ def _tiny_gpt2(path) -> str:
 def test_lm_body_dropout_stays_off_in_sb3_updates(tmp_path):
     """SB3 switches to train mode for its update; the stored rollout log-probs must still be reproduced."""
     path = _tiny_gpt2(tmp_path / "gpt2")
-    env = gym.make("TextRLHF-v0", model=path, max_new_tokens=4)
+    env = gym.make("TextRLHF-v0", model=path, max_new_tokens=4, normalize_reward=False)  # another π_ref: its own scale
     model = PPO(LMPolicy, env, n_steps=4, batch_size=4, policy_kwargs={"model_path": path}, seed=0)
     obs, _ = env.reset(seed=0)
     obs_t, _ = model.policy.obs_to_tensor(obs)

@@ -195,3 +195,18 @@ def test_smollm2_scored_at_the_end_matches_stepping_with_its_chat_template_and_e
                                      base.max_prompt_tokens)  # fmt: skip
     step_err, episode_err = ((x["ref_logprob"].double() - exact).abs()[m].max() for x in (a, b))
     assert episode_err <= 2 * step_err + 1e-6, (episode_err, step_err)
+
+
+def test_the_embedded_rms_stored_scale_is_refused_under_smollm2_unless_the_scale_is_chosen(cache):
+    """Issue 37.9: the embedded RM's mean/std, measured under the embedded LM, standardised SmolLM2's scores."""
+    kwargs = {"model": NAME, "chat_template": True, "prompts": "review-requests", "max_new_tokens": 3}
+    with pytest.raises(
+        ValueError,
+        match=r"normalize_reward=None would standardise reward model 'rm'.* measured "
+        r"under π_ref 'assets:lm'; this env's π_ref is .*smollm2-135m-instruct.*normalize_reward=False",
+    ):
+        gym.make("TextRLHF-v0", **kwargs)
+    assert gym.make("TextRLHF-v0", normalize_reward=False, **kwargs).unwrapped._engine.norm is None
+    chosen = gym.make("TextRLHF-v0", normalize_reward=(0.5, 2.0), **kwargs).unwrapped._engine.norm
+    assert (chosen.mean, chosen.std) == (0.5, 2.0)
+    assert gym.make("TextRLHF-v0", max_new_tokens=3).unwrapped._engine.norm is not None  # its own π_ref: kept

@@ -156,3 +156,25 @@ def resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int,
             stacklevel=4,
         )
     return stored
+
+
+def check_norm_reference(normalize_reward: Any, norm: RewardNorm | None, reward_model, model) -> None:
+    """Refuse standardising by default with a mean/std that were measured under another π_ref.
+
+    Why: a reward model's stored statistics describe its scores on one π_ref's responses (the embedded RM's: the
+    embedded LM's). Under another π_ref (SmolLM2) the scores have another mean and spread, so "normalised"
+    scores were silently off by both and β's weight against them with it. ``textgym train`` measures them
+    itself at the run's settings; an env built by hand says what to pass.
+    """
+    from textgym.rewards.calibrate import reference_name, stored_reference
+
+    measured = stored_reference(reward_model) if normalize_reward is None and norm is not None else None
+    if measured is None or measured == reference_name(model):
+        return
+    raise ValueError(
+        f"normalize_reward=None would standardise reward model {getattr(reward_model, 'name', reward_model)!r}'s "
+        f"scores with the mean/std stored beside it, measured under π_ref {measured!r}; this env's π_ref is "
+        f"{reference_name(model)!r}, whose responses score otherwise. Pass normalize_reward=False (raw scores) or "
+        "normalize_reward=(mean, std) measured under this π_ref (textgym.rewards.calibrate.calibrate(model=..., "
+        "reward_model=...) returns them); `textgym train` measures them itself"
+    )

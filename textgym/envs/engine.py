@@ -21,6 +21,7 @@ from textgym.envs.checks import (
     check_int,
     check_kl_coef,
     check_nonnegative,
+    check_norm_reference,
     check_positions,
     check_timeout,
     check_vocabulary,
@@ -167,6 +168,7 @@ class Engine:
                              self.max_new_tokens)  # fmt: skip
         self.gold_scorer = None if gold_scorer is None else self._bind(make_reward_model(gold_scorer, "gold_scorer"))
         self.norm = resolve_norm(normalize_reward, self.reward_model, self.max_new_tokens, timeout=self.reward_timeout)
+        check_norm_reference(normalize_reward, self.norm, self.reward_model, self.model)
 
     def _allocate_slots(self, num_slots: int) -> None:
         """Every slot's episode state, sized once for ``num_slots`` × ``seq_len``: ``start`` and ``advance`` fill it."""
