@@ -216,7 +216,10 @@ def write_text_atomically(path: str | Path, text: str, argument: str = "folder")
     try:
         tmp.unlink(missing_ok=True)  # a stale temp, or a link at its name: unlink removes the name alone
     except IsADirectoryError:
-        check_own_file(tmp, argument)  # raises, naming it
+        try:
+            check_own_file(tmp, argument)  # raises, naming it
+        except ValueError as refusal:
+            raise refusal from None
         raise
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
@@ -245,7 +248,10 @@ def open_own_file(path: str | Path, flags: int, argument: str = "folder", role: 
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o666)
     except OSError:
-        check_own_file(path, argument, role)  # ELOOP (a symlink), EISDIR, ENXIO (a FIFO): say what it is
+        try:
+            check_own_file(path, argument, role)  # ELOOP (a symlink), EISDIR, ENXIO (a FIFO): say what it is
+        except ValueError as refusal:
+            raise refusal from None  # the one error: what the name is, not the errno it gave
         raise
     what = _not_own(path, os.fstat(fd))
     if what is not None:
