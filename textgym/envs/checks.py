@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from textgym.rewards import RewardNorm
-from textgym.rewards.base import stored_norm
+from textgym.rewards.base import reference_name, stored_norm, stored_reference
 from textgym.utils import short_repr
 
 __all__ = [
@@ -166,8 +166,6 @@ def check_norm_reference(normalize_reward: Any, norm: RewardNorm | None, reward_
     scores were silently off by both and β's weight against them with it. ``textgym train`` measures them
     itself at the run's settings; an env built by hand says what to pass.
     """
-    from textgym.rewards.calibrate import reference_name, stored_reference
-
     measured = stored_reference(reward_model) if normalize_reward is None and norm is not None else None
     if measured is None or measured == reference_name(model):
         return

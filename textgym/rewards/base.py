@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from textgym.assets import ASSETS
 from textgym.utils import short_repr
 
 NORM_FILE = "textgym_reward.json"
@@ -26,13 +27,16 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest score the float32 r
 __all__ = [
     "Episodes",
     "NORM_FILE",
+    "REFERENCE_KEY",
     "RewardModel",
     "RewardModelError",
     "RewardNorm",
     "load_norm",
+    "reference_name",
     "save_norm",
     "score_checked",
     "stored_norm",
+    "stored_reference",
 ]
 
 
@@ -242,3 +246,26 @@ def save_norm(folder: str | Path, mean: float, std: float, *, max_new_tokens: in
     stats = {"mean": mean, "std": std, "max_new_tokens": max_new_tokens, "temperature": temperature, **extra}
     tmp.write_text(json.dumps(stats, indent=2) + "\n")
     tmp.replace(path)
+
+
+REFERENCE_KEY = "reference_model"  # the stats file's field naming the π_ref its mean/std were measured under
+
+
+def reference_name(model: Any) -> str:
+    """How a stats file names π_ref: ``assets:lm`` for an embedded model (its path differs per install), else
+    the absolute folder, else the name it was loaded by (``model``: a loaded model or its name_or_path)."""
+    source = str(getattr(model, "name_or_path", model))
+    path = Path(source)
+    if not path.exists():
+        return source
+    path, assets = path.resolve(), ASSETS.resolve()
+    return f"assets:{path.relative_to(assets).as_posix()}" if path.is_relative_to(assets) else str(path)
+
+
+def stored_reference(reward_model: Any) -> str | None:
+    """The π_ref a reward model's stored mean/std were measured under (:func:`reference_name`); None: not recorded."""
+    source = getattr(reward_model, "source", None)
+    path = Path(source) / NORM_FILE if isinstance(source, (str, Path)) else None
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8")).get(REFERENCE_KEY)

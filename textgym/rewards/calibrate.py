@@ -2,41 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import torch
 
-from textgym.assets import ASSETS
 from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.policies import LMSampler
-from textgym.rewards.base import NORM_FILE
+from textgym.rewards.base import REFERENCE_KEY, reference_name, stored_reference
 
 __all__ = ["REFERENCE_KEY", "calibrate", "raw_envs", "reference_name", "sample_episodes", "stored_reference"]
-
-REFERENCE_KEY = "reference_model"  # the stats file's field naming the π_ref its mean/std were measured under
-
-
-def reference_name(model: Any) -> str:
-    """How a stats file names π_ref: ``assets:lm`` for an embedded model (its path differs per install), else
-    the absolute folder, else the name it was loaded by (``model``: a loaded model or its name_or_path)."""
-    source = str(getattr(model, "name_or_path", model))
-    path = Path(source)
-    if not path.exists():
-        return source
-    path, assets = path.resolve(), ASSETS.resolve()
-    return f"assets:{path.relative_to(assets).as_posix()}" if path.is_relative_to(assets) else str(path)
-
-
-def stored_reference(reward_model: Any) -> str | None:
-    """The π_ref a reward model's stored mean/std were measured under (:func:`reference_name`); None: not recorded."""
-    source = getattr(reward_model, "source", None)
-    path = Path(source) / NORM_FILE if isinstance(source, (str, Path)) else None
-    if path is None or not path.is_file():
-        return None
-    return json.loads(path.read_text(encoding="utf-8")).get(REFERENCE_KEY)
 
 
 def raw_envs(num_envs: int = 64, env_id: str = "TextRLHF-v0", **env_kwargs):
