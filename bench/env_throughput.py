@@ -75,17 +75,19 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import textgym  # noqa: E402,F401  (before torch, as in a user's run: its OpenMP wait applies; registers the env)
+
+# isort: split
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-import textgym  # noqa: E402,F401  (registers TextRLHF-v0)
 from textgym.episodes import collect_episodes, make_episode_envs  # noqa: E402
 from textgym.functional import position_ids_from_mask  # noqa: E402
 from textgym.models import left_pad, load_causal_lm, native_bf16, response_logprobs  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes, score_checked  # noqa: E402
-from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 TARGET_N = 64
 TARGET_RATIO = 0.9
@@ -335,7 +337,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help=f"timed rounds per N (default {DEFAULT['repeats']})")
     parser.add_argument("--quick", action="store_true", help=f"tiny smoke run: {QUICK} unless given explicitly")
     parser.add_argument("--device", default="cpu", help="torch device for all models (default cpu)")
-    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument(
         "--precision", choices=("auto", "fp32", "bf16"), default="auto",
@@ -370,6 +372,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     t_start = time.perf_counter()
     env_kwargs = env_settings(args.config, args.model)
     policy_model = load_causal_lm(env_kwargs.get("model"), device=device)  # the acting copy, separate from the env's
+    # as the trainer's policy, whose weights train: autocast then casts them to bf16 once per region (the
+    # collector's rollout, generate's call) instead of at every forward; both sides sample with this copy
+    policy_model.requires_grad_(True)
     fast_model = None
     if args.hf_fast:  # transformers' recipe, on a copy of its own: compile the forward, generate with a static cache
         fast_model = load_causal_lm(env_kwargs.get("model"), device=device)

@@ -22,7 +22,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from textgym import models  # noqa: E402
 from textgym.agents.ppo import PPOConfig, Trainer  # noqa: E402
 from textgym.agents.ppo.config import PRESETS  # noqa: E402
-from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 PHASES = ("time_advantage", "time_update", "seconds")
 WAYS = {"response columns": models._takes_logits_to_keep, "every column": lambda model: False}
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--config", default="smollm2-sentiment", choices=sorted(PRESETS), help="the preset's work")
     parser.add_argument("--rounds", type=int, default=2, help="timed iterations of each way, alternating")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
-    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     return parser.parse_args(argv)
 
 

@@ -16,7 +16,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from textgym.agents.ppo import PPOConfig, Trainer  # noqa: E402
-from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="PPOConfig.precision (auto: bf16 autocast where the device has native bf16)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     args = parser.parse_args()
     if args.quick:
         args.num_envs, args.max_new_tokens, args.iterations = 8, 8, 1

@@ -62,6 +62,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "--trl-worker" not in sys.argv:  # textgym's side: imported before torch, as in a user's run (its OpenMP wait,
+    import textgym  # noqa: F401  set in os.environ, also reaches TRL's worker process: the same on both sides)
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "textgym" / "assets"
@@ -83,7 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations per run (after one warm-up)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every configuration")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),  # the TRL venv has no textgym
-                        help="torch threads on both sides (default: every core of this process)")  # fmt: skip
+                        help="torch threads on both sides (default: every core of this process, textgym's default "
+                        "count when it is imported before torch)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="8 episodes x 8 tokens, 1 iteration, 1 round")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where both sides run (default cpu)")
     parser.add_argument("--trl-python", default=None, help="the interpreter of TRL's worker: 'current' for this one "

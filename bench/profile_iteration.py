@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from textgym.agents.ppo import PPOConfig, Trainer  # noqa: E402
 from textgym.agents.ppo.config import PRESETS  # noqa: E402
-from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_linear",
               "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -43,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--lora-rank", type=int, default=None, help="override the preset's (0: every weight)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rows", type=int, default=15, help="top operators printed")
-    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     return parser.parse_args(argv)
 
 

@@ -37,7 +37,7 @@ from textgym.episodes import collect_episodes  # noqa: E402
 from textgym.models import EVAL_PROMPTS, load_causal_lm  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes  # noqa: E402
-from textgym.threads import BENCH_THREADS_HELP, machine_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 TARGET_STD = 2.0
 
@@ -50,7 +50,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--candidates", type=int, default=256, help="tokens tried at each position")
     parser.add_argument("--ref-episodes", type=int, default=256, help="π_ref episodes for its mean score")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=machine_threads(), help=BENCH_THREADS_HELP)
+    parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     parser.add_argument("--quick", action="store_true", help="1 start, 1 sweep, 16 candidates, 8 tokens")
     args = parser.parse_args(argv)
     if args.quick:

@@ -12,7 +12,7 @@ import torch
 from textgym.agents.benchmark import BenchConfig, run_benchmark
 from textgym.agents.ppo import PPOConfig, train
 from textgym.agents.ppo.config import PRESETS
-from textgym.threads import default_threads, machine_threads, use_threads
+from textgym.threads import machine_threads, use_threads
 
 TIMING = ("tokens_per_s", "time_rollout", "time_policy_sampling", "time_advantage", "time_update")
 
@@ -39,7 +39,7 @@ def test_a_run_repeats_itself_exactly_while_another_process_keeps_a_core_busy(tm
         busy.wait()
     assert len(quiet) == 4 and quiet == loaded
     recorded = json.loads((tmp_path / "busy" / "config.json").read_text())["threads"]
-    assert recorded == default_threads() == max(1, machine_threads() - 1)
+    assert recorded == machine_threads()  # the CLI imports textgym before torch: its wait policy, every core
 
 
 def _tiny(tmp_path, **changes) -> PPOConfig:
@@ -60,10 +60,32 @@ def _threads_after_import(before: str = "pass", **env: str) -> int:
 
 @pytest.mark.skipif(machine_threads() < 2, reason="on one core there is no core to leave free")
 def test_import_leaves_a_core_free_unless_the_user_chose_a_count():
-    """torch's default (a thread per core) made the README's snippets 2.6-3.8x slower beside one busy core of two."""
+    """Imported after torch (libgomp's wait fixed): torch's default (a thread per core) made the README's snippets
+    2.6-3.8x slower beside one busy core of two, so one core is left free."""
     assert _threads_after_import() == machine_threads() - 1
     assert _threads_after_import("torch.set_num_threads(1)") == 1  # a lower count set before the import is kept
     assert _threads_after_import(OMP_NUM_THREADS=str(machine_threads())) == machine_threads()  # the user's choice
+
+
+FIRST = "import os, textgym, torch; print(torch.get_num_threads(), os.environ.get('GOMP_SPINCOUNT'))"
+
+
+def _first_import(**env: str) -> list[str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    done = subprocess.run([sys.executable, "-c", FIRST], env={**clean, **env}, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return done.stdout.split()[-2:]
+
+
+def test_import_before_torch_sets_a_short_spin_and_every_core_unless_the_user_chose():
+    """Issue 35.2: a dedicated run (the CLI, a script importing textgym first) on every core, OpenMP's spin set
+    before torch loads so that a busy core costs little (docs/performance.md, "Threads")."""
+    from textgym.threads import WAIT_SPINCOUNT
+
+    assert _first_import() == [str(machine_threads()), WAIT_SPINCOUNT]
+    assert _first_import(GOMP_SPINCOUNT="50") == [str(machine_threads()), "50"]  # the user's spin is kept
+    assert _first_import(OMP_WAIT_POLICY="PASSIVE") == [str(machine_threads()), "None"]  # and the user's policy
+    assert _first_import(OMP_NUM_THREADS="1") == ["1", WAIT_SPINCOUNT]
 
 
 def test_resume_reuses_the_recorded_thread_count_and_refuses_another(tmp_path):

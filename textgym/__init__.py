@@ -1,7 +1,8 @@
 """textgym: RLHF with PPO as a Gymnasium environment, and the agents that train on it.
 
-Importing the package registers ``TextRLHF-v0`` (and ``TextArithmetic-v0``), and caps torch's CPU
-threads at one fewer than the cores (unless ``OMP_NUM_THREADS`` is set; :mod:`textgym.threads` says why)::
+Importing the package registers ``TextRLHF-v0`` (and ``TextArithmetic-v0``) and chooses torch's CPU threads:
+imported before torch, a short OpenMP spin and every core; after torch, one core fewer (unless
+``OMP_NUM_THREADS`` is set; :mod:`textgym.threads` says why)::
 
     import gymnasium as gym
     import textgym
@@ -10,13 +11,16 @@ threads at one fewer than the cores (unless ``OMP_NUM_THREADS`` is set; :mod:`te
     envs = gym.make_vec("TextRLHF-v0", num_envs=8, vectorization_mode="vector_entry_point")
 """
 
-from gymnasium.envs.registration import register
+from textgym.threads import apply_default_threads, set_wait_policy
+
+set_wait_policy()  # before torch loads: OpenMP's short spin, so every core is the default (threads.py says why)
+
+from gymnasium.envs.registration import register  # noqa: E402
 
 from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
 from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
-from textgym.threads import leave_a_core_free  # noqa: E402
 
-leave_a_core_free()  # torch's threads: one core fewer than the machine's, so a busy core costs little (threads.py)
+apply_default_threads()  # every core under that wait; one fewer when torch loaded first (threads.py)
 
 __version__ = "0.1.0"
 

@@ -8,23 +8,55 @@ process may use (never their load), recorded with the run and reused. What a bus
 in time, and what OpenMP's wait policy changes about it, is measured by
 ``bench/threads_under_load.py`` (docs/performance.md, "Threads").
 
-Why one core fewer than the machine has, by default: GNU OpenMP's threads wait for each other at
-the end of every parallel region, so one core taken by another job stalls every region until the
-thread sharing it gets its time slice. With torch's default (a thread on every core) one busy core
-of two made the README's snippets 2.6-3.8x slower; one core left free keeps them within 1.08x of
-their idle time, at a price on an idle 2-core machine of up to 1.4x (SB3's update, SmolLM2), less
-with more cores. The thread pool's wait policy cannot be changed once torch is loaded, and a
-passive one made the idle machine up to 1.5x slower.
+Why the default depends on when torch loaded. GNU OpenMP's threads wait for each other at the end
+of every parallel region; with libgomp's default wait (spin 300,000 times, then sleep) one core taken
+by another job stalls every region until the thread sharing it gets its time slice, and one busy
+core of two made the README's snippets 2.6-3.8x slower on every core. A shorter spin
+(``GOMP_SPINCOUNT``, read once, when torch loads libgomp) hands a shared core back soon enough for
+every core to stay within the bounds ``bench/threads_under_load.py`` measures (docs/performance.md,
+"Threads"). So ``import textgym`` before torch sets that spin and runs on every core; imported
+after torch, where the wait policy is fixed already, it leaves one core free instead (a busy core
+then costs little, an idle 2-core machine up to 1.4x).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-__all__ = ["BENCH_THREADS_HELP", "default_threads", "leave_a_core_free", "machine_threads", "use_threads"]
+__all__ = [
+    "BENCH_THREADS_HELP",
+    "WAIT_SPINCOUNT",
+    "apply_default_threads",
+    "default_threads",
+    "machine_threads",
+    "set_wait_policy",
+    "use_threads",
+    "wait_policy_set",
+]
 
-# the speed benches measure at the hardware limit, not at the library's default
-BENCH_THREADS_HELP = "torch threads (default: every core of this process; textgym's own default leaves one free)"
+BENCH_THREADS_HELP = "torch threads (default: textgym's, the count a user's run gets)"
+WAIT_SPINCOUNT = "10000"  # GOMP_SPINCOUNT textgym sets before torch loads (bench/threads_under_load.py)
+_WAIT_POLICY = {"set": False}  # whether torch loaded after set_wait_policy() chose the wait (or the user did)
+
+
+def set_wait_policy() -> bool:
+    """Before torch loads: GNU OpenMP's spin before a waiting thread sleeps, ``GOMP_SPINCOUNT=WAIT_SPINCOUNT``.
+
+    A wait the user chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) is kept and counts as chosen. Too late once
+    torch is imported (libgomp read its environment then): returns False and changes nothing.
+    """
+    if "torch" in sys.modules:
+        return _WAIT_POLICY["set"]
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", WAIT_SPINCOUNT)
+    _WAIT_POLICY["set"] = True
+    return True
+
+
+def wait_policy_set() -> bool:
+    """Whether torch runs with a chosen wait policy (textgym's spin or the user's): then every core is the default."""
+    return _WAIT_POLICY["set"]
 
 
 def machine_threads() -> int:
@@ -38,22 +70,29 @@ def machine_threads() -> int:
 
 
 def default_threads() -> int:
-    """The thread count a run gets when none is given: ``OMP_NUM_THREADS`` if the user (or torchrun, one per
-    rank) set it — torch read it at import — else one fewer than the cores of this process, at least one."""
+    """The thread count a run gets when none is given: ``OMP_NUM_THREADS`` if the user (or torchrun, one per rank)
+    set it — torch read it at import — else torch's own count at ``import textgym`` (a thread per core, within
+    this process's cores) when torch loaded under a chosen wait policy (:func:`set_wait_policy`), else one
+    fewer than the cores, at least one."""
     import torch
 
-    return torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ else max(1, machine_threads() - 1)
+    if "OMP_NUM_THREADS" in os.environ:
+        return torch.get_num_threads()
+    if wait_policy_set():
+        return min(_WAIT_POLICY.get("torch_threads", machine_threads()), machine_threads())
+    return max(1, machine_threads() - 1)
 
 
-def leave_a_core_free() -> int:
-    """At ``import textgym``: cap torch's threads at :func:`default_threads` unless ``OMP_NUM_THREADS`` chose them.
+def apply_default_threads() -> int:
+    """At ``import textgym``: torch on :func:`default_threads` unless ``OMP_NUM_THREADS`` chose a count.
 
-    A count the user set lower before the import is kept; a higher one (torch's default is one per
-    core) is lowered. ``torch.set_num_threads`` after the import, ``OMP_NUM_THREADS`` or a run's
-    ``threads`` choose another count. Returns the count torch now uses.
+    Under textgym's wait policy that is torch's own count; imported after torch, a count above one fewer than
+    the cores is lowered to it and a lower one the user set is kept. ``torch.set_num_threads`` after the
+    import, ``OMP_NUM_THREADS`` or a run's ``threads`` choose another count. Returns the count torch now uses.
     """
     import torch
 
+    _WAIT_POLICY.setdefault("torch_threads", torch.get_num_threads())
     cap = default_threads()
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > cap:
         torch.set_num_threads(cap)
@@ -78,7 +117,7 @@ def use_threads(threads: int | None, deterministic: bool = False) -> int:
     import torch
 
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one fewer than the cores)")
+        raise ValueError(f"threads={threads!r} must be an int >= 1 or None (textgym's default count)")
     n = threads if threads is not None else default_threads()
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
