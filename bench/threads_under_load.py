@@ -104,11 +104,10 @@ print(json.dumps({**out, "threads": torch.get_num_threads()}))
 # hand a shared core back sooner (a sleeper is woken ahead of the busy process), more keep the idle machine's pace.
 LIBGOMP_DEFAULT = {"GOMP_SPINCOUNT": "300000"}
 CONFIGS = {
-    "textgym's default": (0, {}),
+    "textgym's default (every core, OMP_WAIT_POLICY=PASSIVE)": (0, {}),
     "one core left free, libgomp's wait (the previous default)": (-2, LIBGOMP_DEFAULT),
     "every core, libgomp's wait": (-1, LIBGOMP_DEFAULT),
-    "every core, OMP_WAIT_POLICY=PASSIVE": (-1, {"OMP_WAIT_POLICY": "PASSIVE"}),
-    **{f"every core, GOMP_SPINCOUNT={n}": (-1, {"GOMP_SPINCOUNT": str(n)}) for n in (1000, 100000)},
+    **{f"every core, GOMP_SPINCOUNT={n}": (-1, {"GOMP_SPINCOUNT": str(n)}) for n in (1000, 10000, 100000)},
 }
 
 

@@ -3,6 +3,7 @@
 import gymnasium as gym
 import pytest
 import torch
+from test_reference_scoring import StopAt
 
 from textgym.episodes import collect_episodes
 from textgym.models import response_logprobs
@@ -19,23 +20,9 @@ def sampler(envs, seed=0):
     return LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(seed))
 
 
-class EOSAt:
-    """Wraps a sampler: slot i emits EOS at its step ``stop[i]`` (None: never forced)."""
-
-    def __init__(self, inner, stop):
-        self.inner, self.stop, self.t = inner, stop, 0
-
-    def reset(self):
-        self.inner.reset()
-        self.t = 0
-
-    def act(self, obs):
-        a, lp = self.inner.act(obs)
-        for i, s in enumerate(self.stop):
-            if s == self.t:
-                a[i] = 2
-        self.t += 1
-        return a, lp
+def eos_at(inner, stop):
+    """Wraps a sampler: slot i emits EOS (id 2) at its step ``stop[i]`` (None: never forced)."""
+    return StopAt(inner, stop, 2)
 
 
 def test_complete_episodes_with_the_reward_identity_and_exact_logprobs():
@@ -65,7 +52,7 @@ def test_finished_slots_wait_and_each_episode_is_scored_once():
         return [0.0] * len(responses)
 
     envs = make_envs(reward_model=rm, normalize_reward=False)
-    ep = collect_episodes(envs, EOSAt(sampler(envs), [0, 2, None, None]), seed=0)
+    ep = collect_episodes(envs, eos_at(sampler(envs), [0, 2, None, None]), seed=0)
     assert ep["response_length"].tolist() == [1, 3, 6, 6]
     assert ep["length_capped"].tolist() == [False, False, True, True]
     assert sum(calls) == 4  # no episode beyond one per slot was started, stepped or scored

@@ -39,7 +39,7 @@ def test_a_run_repeats_itself_exactly_while_another_process_keeps_a_core_busy(tm
         busy.wait()
     assert len(quiet) == 4 and quiet == loaded
     recorded = json.loads((tmp_path / "busy" / "config.json").read_text())["threads"]
-    assert recorded == machine_threads()  # the CLI imports textgym before torch: its wait policy, every core
+    assert recorded == machine_threads()  # the CLI imports textgym before torch: its passive wait, every core
 
 
 def _tiny(tmp_path, **changes) -> PPOConfig:
@@ -67,7 +67,7 @@ def test_import_leaves_a_core_free_unless_the_user_chose_a_count():
     assert _threads_after_import(OMP_NUM_THREADS=str(machine_threads())) == machine_threads()  # the user's choice
 
 
-FIRST = "import os, textgym, torch; print(torch.get_num_threads(), os.environ.get('GOMP_SPINCOUNT'))"
+FIRST = "import os, textgym, torch; print(torch.get_num_threads(), os.environ.get('OMP_WAIT_POLICY'))"
 
 
 def _first_import(**env: str) -> list[str]:
@@ -77,15 +77,15 @@ def _first_import(**env: str) -> list[str]:
     return done.stdout.split()[-2:]
 
 
-def test_import_before_torch_sets_a_short_spin_and_every_core_unless_the_user_chose():
-    """Issue 35.2: a dedicated run (the CLI, a script importing textgym first) on every core, OpenMP's spin set
-    before torch loads so that a busy core costs little (docs/performance.md, "Threads")."""
-    from textgym.threads import WAIT_SPINCOUNT
+def test_import_before_torch_sets_a_passive_wait_and_every_core_unless_the_user_chose():
+    """Issue 35.2: a dedicated run (the CLI, a script importing textgym first) on every core, OpenMP's passive wait
+    set before torch loads so that a busy core costs little (docs/performance.md, "Threads")."""
+    from textgym.threads import WAIT_POLICY
 
-    assert _first_import() == [str(machine_threads()), WAIT_SPINCOUNT]
-    assert _first_import(GOMP_SPINCOUNT="50") == [str(machine_threads()), "50"]  # the user's spin is kept
-    assert _first_import(OMP_WAIT_POLICY="PASSIVE") == [str(machine_threads()), "None"]  # and the user's policy
-    assert _first_import(OMP_NUM_THREADS="1") == ["1", WAIT_SPINCOUNT]
+    assert _first_import() == [str(machine_threads()), WAIT_POLICY]
+    assert _first_import(OMP_WAIT_POLICY="ACTIVE") == [str(machine_threads()), "ACTIVE"]  # the user's policy is kept
+    assert _first_import(GOMP_SPINCOUNT="50") == [str(machine_threads()), "None"]  # and the user's spin
+    assert _first_import(OMP_NUM_THREADS="1") == ["1", WAIT_POLICY]
 
 
 def test_resume_reuses_the_recorded_thread_count_and_refuses_another(tmp_path):

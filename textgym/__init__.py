@@ -1,7 +1,7 @@
 """textgym: RLHF with PPO as a Gymnasium environment, and the agents that train on it.
 
 Importing the package registers ``TextRLHF-v0`` (and ``TextArithmetic-v0``) and chooses torch's CPU threads:
-imported before torch, a short OpenMP spin and every core; after torch, one core fewer (unless
+imported before torch, OpenMP's passive wait and every core; after torch, one core fewer (unless
 ``OMP_NUM_THREADS`` is set; :mod:`textgym.threads` says why)::
 
     import gymnasium as gym
@@ -13,7 +13,7 @@ imported before torch, a short OpenMP spin and every core; after torch, one core
 
 from textgym.threads import apply_default_threads, set_wait_policy
 
-set_wait_policy()  # before torch loads: OpenMP's short spin, so every core is the default (threads.py says why)
+set_wait_policy()  # before torch loads: OpenMP's passive wait, so every core is the default (threads.py says why)
 
 from gymnasium.envs.registration import register  # noqa: E402
 

@@ -11,12 +11,14 @@ in time, and what OpenMP's wait policy changes about it, is measured by
 Why the default depends on when torch loaded. GNU OpenMP's threads wait for each other at the end
 of every parallel region; with libgomp's default wait (spin 300,000 times, then sleep) one core taken
 by another job stalls every region until the thread sharing it gets its time slice, and one busy
-core of two made the README's snippets 2.6-3.8x slower on every core. A shorter spin
-(``GOMP_SPINCOUNT``, read once, when torch loads libgomp) hands a shared core back soon enough for
-every core to stay within the bounds ``bench/threads_under_load.py`` measures (docs/performance.md,
-"Threads"). So ``import textgym`` before torch sets that spin and runs on every core; imported
-after torch, where the wait policy is fixed already, it leaves one core free instead (a busy core
-then costs little, an idle 2-core machine up to 1.4x).
+core of two made the README's snippets 2.6-3.8x slower on every core. A passive wait
+(``OMP_WAIT_POLICY=PASSIVE``, read once, when torch loads libgomp: a waiting thread sleeps at once
+and is woken ahead of the busy process) kept every core within 1.62x of its idle time beside a busy
+core, at 1.14-1.23x of the fastest idle setting on real work; a short spin (``GOMP_SPINCOUNT`` 1,000
+or 10,000) did worse on one side or the other (``bench/threads_under_load.py``, docs/performance.md,
+"Threads"). So ``import textgym`` before torch sets the passive wait and runs on every core;
+imported after torch, where the wait policy is fixed already, it leaves one core free instead (a
+busy core then costs little, an idle 2-core machine up to 1.57x).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import sys
 
 __all__ = [
     "BENCH_THREADS_HELP",
-    "WAIT_SPINCOUNT",
+    "WAIT_POLICY",
     "apply_default_threads",
     "default_threads",
     "machine_threads",
@@ -36,20 +38,20 @@ __all__ = [
 ]
 
 BENCH_THREADS_HELP = "torch threads (default: textgym's, the count a user's run gets)"
-WAIT_SPINCOUNT = "10000"  # GOMP_SPINCOUNT textgym sets before torch loads (bench/threads_under_load.py)
+WAIT_POLICY = "PASSIVE"  # OMP_WAIT_POLICY textgym sets before torch loads (bench/threads_under_load.py)
 _WAIT_POLICY = {"set": False}  # whether torch loaded after set_wait_policy() chose the wait (or the user did)
 
 
 def set_wait_policy() -> bool:
-    """Before torch loads: GNU OpenMP's spin before a waiting thread sleeps, ``GOMP_SPINCOUNT=WAIT_SPINCOUNT``.
+    """Before torch loads: how GNU OpenMP's threads wait between parallel regions, ``OMP_WAIT_POLICY=WAIT_POLICY``.
 
     A wait the user chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) is kept and counts as chosen. Too late once
     torch is imported (libgomp read its environment then): returns False and changes nothing.
     """
     if "torch" in sys.modules:
         return _WAIT_POLICY["set"]
-    if "OMP_WAIT_POLICY" not in os.environ:
-        os.environ.setdefault("GOMP_SPINCOUNT", WAIT_SPINCOUNT)
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     _WAIT_POLICY["set"] = True
     return True
 
