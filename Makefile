@@ -24,7 +24,8 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 # One test worker per core (pytest-xdist), each test file on one worker (its module fixtures are built once); each
-# worker, and every command a test starts, runs torch on textgym's default thread count (one core left free).
+# worker imports torch before textgym, so runs one thread (one core left free); a command a test starts imports
+# textgym first and runs every core under OpenMP's passive wait (textgym/threads.py).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
 

@@ -68,7 +68,7 @@ if "--trl-worker" not in sys.argv:  # textgym's side: imported before torch, as 
 ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "textgym" / "assets"
 TRL_VENV = Path(os.environ.get("TEXTGYM_TRL_VENV", ROOT / ".venv-trl"))
-TRL_PINS = ("torch==2.13.0", "trl==1.12.0")
+TRL_PINS = ("torch==2.13.0", "trl==1.12.0", "peft")  # peft: TRL's peft_config (--lora-rank)
 # TRL's PPOConfig turns gradient checkpointing on by default, and with it the policy generates without a KV
 # cache (use_cache=False): the recipe as given, the recipe with bf16=True, and the recipe with checkpointing off.
 TRL_VARIANTS = {"fp32": (False, False), "bf16": (True, False), "fp32-no-ckpt": (False, True)}
@@ -206,6 +206,8 @@ def ensure_trl_venv() -> Path:
     """``.venv-trl/bin/python`` with TRL 1.12 and the pinned torch, made on first use."""
     python = TRL_VENV / "bin" / "python"
     if python.exists():
+        if subprocess.run([str(python), "-c", "import peft"], capture_output=True).returncode:  # an older venv
+            subprocess.run([str(python), "-m", "pip", "install", "--quiet", *TRL_PINS], check=True)
         return python
     print(f"making {TRL_VENV} with {' '.join(TRL_PINS)} (once; a few minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
