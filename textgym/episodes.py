@@ -105,39 +105,28 @@ def collect_episodes(
         prompts: one prompt per episode (default: drawn by the env's per-slot RNGs). Giving the
             same prompt G times makes a group of G episodes on one prompt.
         seed: passed to ``envs.reset`` (slot i is seeded with ``seed + i``).
-        autocast: a context-manager factory the policy's forward runs under (one region for the whole loop).
+        autocast: a context-manager factory: one region over the loop, the policy's forwards run in it.
         timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
-        reference_scoring: how the env scores π_ref for these episodes (``"episode"``: once at each
-            episode's end, the fast path; ``"step"``: a cached forward per step). Both give the same
-            per-token ``ref_logprob`` and ``env_reward`` (to 1e-5); the env's own setting is restored after.
-            Default: ``"episode"``, or ``"step"`` for an env with ``action_mask_top_p``, whose
-            ``action_masks()`` read π_ref's next-token distribution at every step (MaskablePPO).
+        reference_scoring: ``"episode"`` (π_ref once at each episode's end) or ``"step"`` (a cached forward
+            per step): the same ``ref_logprob`` and ``env_reward`` to 1e-5 (default: :func:`_reset`'s).
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
         L = ``max_prompt_tokens + T``:
         ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
-        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward`` ``(B, T)`` and ``mask``
-        ``(B, T)`` (True on the response's tokens); ``kept`` ``(B, T, W)`` uint8 when the policy
-        returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the
-        missing-EOS penalty), ``gold_score``, ``response_length``, ``length_capped`` ``(B,)``;
-        ``prompt`` and ``response`` text (non-tensor).
+        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` (True on the response)
+        ``(B, T)``; ``kept`` ``(B, T, W)`` uint8 when the policy returns kept sets; ``rm_score``,
+        ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS penalty), ``gold_score``,
+        ``response_length``, ``length_capped`` ``(B,)``; ``prompt`` and ``response`` text (non-tensor).
     """
     _check_envs(envs)
     start = time.perf_counter()
-    base = envs.unwrapped
-    n, T = envs.num_envs, base.max_new_tokens
+    n, T = envs.num_envs, envs.unwrapped.max_new_tokens
     running = _start_mask(n, num_episodes)
     b = int(running.sum())
     options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
     policy.reset()
-    if reference_scoring is None:
-        reference_scoring = "episode" if base.action_mask_top_p is None else "step"
-    before, base.reference_scoring = base.reference_scoring, reference_scoring
-    try:  # the setting applies to the episodes reset here; a running episode keeps its own
-        obs, _ = envs.reset(seed=seed, options=options)
-    finally:
-        base.reference_scoring = before
+    obs = _reset(envs, seed, options, reference_scoring)
     buf = _Buffers(n, T, obs["input_ids"].shape[1])
     policy_seconds = 0.0
     with autocast():
@@ -154,6 +143,23 @@ def collect_episodes(
     if timing is not None:
         timing.update(seconds=time.perf_counter() - start, policy_seconds=policy_seconds)
     return buf.tensordict(b)
+
+
+def _reset(envs, seed: int | None, options: dict[str, Any], reference_scoring: str | None) -> dict[str, np.ndarray]:
+    """Reset the collection's slots with π_ref scored as ``reference_scoring`` asks; the env's setting is kept.
+
+    The setting applies to the episodes reset here (a running episode keeps its own), so it is restored at once.
+    Default: ``"episode"``, ``"step"`` where ``action_masks()`` read π_ref at every step.
+    """
+    base = envs.unwrapped
+    if reference_scoring is None:
+        reference_scoring = "episode" if base.action_mask_top_p is None else "step"
+    before, base.reference_scoring = base.reference_scoring, reference_scoring
+    try:
+        obs, _ = envs.reset(seed=seed, options=options)
+    finally:
+        base.reference_scoring = before
+    return obs
 
 
 class _Buffers:
