@@ -204,14 +204,22 @@ def test_a_non_finite_weight_never_reaches_a_save(trainer, tmp_path):
 
 
 # ---------------------------------------------------------------- 3. a run-info file runs no code
+def _planted(done_run, tmp_path, folder: str, code: str, **info_changes) -> tuple[Path, Path]:
+    """A copy of the run's policy folder holding ``evil.py`` (it creates a marker file when imported, then runs
+    ``code``) and a run-info file changed by ``info_changes``; returns the folder and the marker's path."""
+    pol = Path(shutil.copytree(done_run / "policy", tmp_path / folder))
+    marker = tmp_path / "code-ran"
+    (pol / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n{code}")
+    info = json.loads((pol / "textgym_run.json").read_text())
+    (pol / "textgym_run.json").write_text(json.dumps({**info, **info_changes}))
+    return pol, marker
+
+
 def test_a_module_attr_reward_model_in_a_run_info_file_is_refused(done_run, tmp_path, monkeypatch):
     from textgym.agents.evaluate import evaluate
 
-    pol = Path(shutil.copytree(done_run / "policy", tmp_path / "pol"))
-    marker = tmp_path / "code-ran"
-    (pol / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef rm(p, r):\n    return [0.0] * len(r)\n")
-    info = json.loads((pol / "textgym_run.json").read_text())
-    (pol / "textgym_run.json").write_text(json.dumps({**info, "reward_model": "pol.evil:rm"}))
+    pol, marker = _planted(done_run, tmp_path, "pol", "def rm(p, r):\n    return [0.0] * len(r)\n",
+                           reward_model="pol.evil:rm")  # fmt: skip
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"textgym_run\.json names reward_model='pol\.evil:rm'.*--reward-model"):
         evaluate(str(pol), episodes=2, num_envs=2)
@@ -242,11 +250,7 @@ def test_a_module_path_env_id_in_a_run_info_file_is_refused(done_run, tmp_path, 
     from textgym.agents.evaluate import evaluate
     from textgym.cli import main
 
-    pol = Path(shutil.copytree(done_run / "policy", tmp_path / "envpol"))
-    marker = tmp_path / "code-ran"
-    (pol / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-    info = json.loads((pol / "textgym_run.json").read_text())
-    (pol / "textgym_run.json").write_text(json.dumps({**info, "env_id": "envpol.evil:TextRLHF-v0"}))
+    pol, marker = _planted(done_run, tmp_path, "envpol", "", env_id="envpol.evil:TextRLHF-v0")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # as `python -m textgym.cli` from the parent folder
     with pytest.raises(ValueError, match=r"textgym_run\.json names env_id='envpol\.evil:TextRLHF-v0', a module"):
