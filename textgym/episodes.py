@@ -108,7 +108,7 @@ def collect_episodes(
         autocast: a context-manager factory: one region over the loop, the policy's forwards run in it.
         timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
         reference_scoring: ``"episode"`` (π_ref once at each episode's end) or ``"step"`` (a cached forward
-            per step): the same ``ref_logprob`` and ``env_reward`` to 1e-5 (default: :func:`_reset`'s).
+            per step): equal to 1e-5; default "episode", "step" for an env with ``action_mask_top_p``.
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,

@@ -46,7 +46,7 @@ def set_wait_policy() -> bool:
     """Before torch loads: how GNU OpenMP's threads wait between parallel regions, ``OMP_WAIT_POLICY=WAIT_POLICY``.
 
     A wait the user chose (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``) is kept and counts as chosen. Too late once
-    torch is imported (libgomp read its environment then): returns False and changes nothing.
+    torch is imported (libgomp read its environment then): changes nothing. Returns :func:`wait_policy_set`.
     """
     if "torch" in sys.modules:
         return _WAIT_POLICY["set"]
@@ -57,7 +57,8 @@ def set_wait_policy() -> bool:
 
 
 def wait_policy_set() -> bool:
-    """Whether torch runs with a chosen wait policy (textgym's spin or the user's): then every core is the default."""
+    """Whether torch runs with a chosen wait policy (textgym's passive wait or the user's): then every core is the
+    default."""
     return _WAIT_POLICY["set"]
 
 

@@ -467,8 +467,9 @@ class Engine:
             with self.decoder.context():
                 logits = response_logits(self.model, ids, mask, prompt)[..., : self.vocab_size].float()  # (k, width, V)
             logp = logits.gather(-1, ids[:, prompt:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (k, width)
+            logp = logp.double().cpu().numpy()  # one copy to the host for the chunk
             for row, s in enumerate(chunk):
-                out[int(s)] = logp[row, : self.length[s]].double().cpu().numpy()
+                out[int(s)] = logp[row, : self.length[s]]
         return out
 
     def action_masks(self) -> np.ndarray:
