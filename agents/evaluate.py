@@ -20,6 +20,7 @@ import torch
 
 import textgym  # noqa: F401
 from textgym.envs import load_prompts
+from textgym.envs.text_rlhf import PARTNER_SEEDS
 from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
@@ -31,7 +32,8 @@ __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "load_sampler", 
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "gold_scorer", "env_id",
-                "chat_template", "normalize_reward", "eval_prompts")  # fmt: skip
+                "chat_template", "normalize_reward", "eval_prompts", "partner", "max_turns",
+                "max_turn_tokens")  # fmt: skip
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 
@@ -56,12 +58,13 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
         return {}
     run = json.loads(path.read_text())
     run = {k: run[k] for k in (*ENV_SETTINGS, "temperature", *SAMPLING) if k in run}
-    for name in ("reward_model", "gold_scorer"):
-        if name not in given and (why := _not_data(run.get(name))):
+    for name in ("reward_model", "gold_scorer", "partner"):
+        if name not in given and (why := _not_data(run.get(name), name)):
             flag = "--" + name.replace("_", "-")
             raise ValueError(
-                f"{path} names {name}={run[name]!r}, {why}; a run-info file may name a reward model only by a "
-                f"registered name or a path to weights. If you trust it, pass it yourself: {flag} {run[name]!r} "
+                f"{path} names {name}={run[name]!r}, {why}; a run-info file may name a {name.replace('_', ' ')} only "
+                f"by a registered name, a path to weights or a 'textarena:' game. If you trust it, pass it yourself: "
+                f"{flag} {run[name]!r} "
                 f"(Python: {name}=...)"
             )
     env_id = run.get("env_id")
@@ -74,7 +77,7 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
     return run
 
 
-def _not_data(spec: Any) -> str | None:
+def _not_data(spec: Any, name: str = "reward_model") -> str | None:
     """Why a run-info file may not choose ``reward_model=spec`` itself (None: it may).
 
     A ``module:attr`` is imported (see :func:`textgym.rewards.make_reward_model`); a URL gets every
@@ -84,6 +87,8 @@ def _not_data(spec: Any) -> str | None:
         return None
     if is_url(spec):
         return "a server every evaluated episode would be sent to"
+    if name == "partner":  # TextArena's games and the built-in partners are names; anything else is imported code
+        return None if spec.startswith("textarena:") or ":" not in spec else "a 'module:attr' that would be imported"
     if ":" in spec and spec not in registered_names() and not Path(spec).exists():
         return "a 'module:attr' that would be imported (its code run)"
     return None
@@ -144,16 +149,19 @@ def _check_vocabulary(policy: str, model, env) -> None:
             raise ValueError(f"policy={policy!r} has its own tokenizer, not π_ref's (same size, other tokens); {fix}")
 
 
+ROW_KEYS = ("rm_score", "score_reward", "eos_penalty", "gold_score", "response_length", "length_capped", "turns",
+            "turn_reward_sum")  # fmt: skip
+
+
 def _rows(episodes, prompt_len: int) -> list[dict]:
     """One dict per episode: scores, text, response ids and the sequence's KL estimate."""
     kl = sequence_kl(episodes)  # (B,)
+    T = episodes["mask"].shape[1]
     rows = []
     for i in range(episodes.batch_size[0]):
-        n = int(episodes["response_length"][i])
+        ids = episodes["input_ids"][i, prompt_len : prompt_len + T][episodes["mask"][i]]  # the policy's tokens
         rows.append({"prompt": episodes["prompt"][i], "response": episodes["response"][i], "kl": float(kl[i]),
-                     "ids": episodes["input_ids"][i, prompt_len : prompt_len + n].tolist(),
-                     **{k: episodes[k][i].item() for k in ("rm_score", "score_reward", "eos_penalty", "gold_score",
-                                                            "response_length", "length_capped")}})  # fmt: skip
+                     "ids": ids.tolist(), **{k: episodes[k][i].item() for k in ROW_KEYS}})  # fmt: skip
     return rows
 
 
@@ -215,9 +223,9 @@ def evaluate(
     start = time.perf_counter()
     rows = _sample_rows(envs, sampler, prompts, episodes, num_envs, seed, progress, autocast)
     seconds = time.perf_counter() - start
-    beta = envs.unwrapped.kl_coef
+    beta, conversation = envs.unwrapped.kl_coef, envs.unwrapped.has_partner
     envs.close()
-    return _summary(rows, beta, seconds)
+    return _summary(rows, beta, seconds, conversation)
 
 
 def _eval_settings(
@@ -264,8 +272,11 @@ def _sample_rows(
         while len(rows) < episodes:
             k = min(num_envs, episodes - len(rows))
             batch = [prompts[(len(rows) + i) % len(prompts)] for i in range(k)]
+            games = None
+            if envs.unwrapped.has_partner:  # held-out games, the same for every policy: seeds training never draws
+                games = [PARTNER_SEEDS + len(rows) + i for i in range(k)]
             done = collect_episodes(envs, sampler, num_episodes=k, prompts=batch, seed=seed + len(rows),
-                                    autocast=autocast)  # fmt: skip
+                                    autocast=autocast, partner_seeds=games)  # fmt: skip
             rows.extend(_rows(done, envs.unwrapped.max_prompt_tokens))
             bar.update(k)
     return rows
@@ -279,18 +290,24 @@ def _progress_bar(episodes: int, progress: bool | str):
     return tqdm(total=episodes, desc=label, unit="episode", disable=not progress, leave=False)
 
 
-def _summary(rows: list[dict], beta: float, seconds: float) -> dict[str, Any]:
-    """Means and stds of the rows; the objective is what the env pays: score − missing-EOS penalty − β·KL."""
-    for r in rows:
-        r["objective"] = r["score_reward"] + r["eos_penalty"] - beta * r["kl"]  # eos_penalty is 0 or −penalty
+def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool = False) -> dict[str, Any]:
+    """Means and stds of the rows; the objective is what the env pays: score − missing-EOS penalty + the partner's
+    rewards − β·KL."""
+    for r in rows:  # eos_penalty is 0 or −penalty; turn_reward_sum is 0 without a partner
+        r["score"] = r["score_reward"] + r["turn_reward_sum"]  # a conversation's score: its partner's rewards too
+        r["objective"] = r["score"] + r["eos_penalty"] - beta * r["kl"]
 
     def stat(key: str) -> tuple[float, float]:
         values = np.array([r[key] for r in rows], dtype=np.float64)
         return float(values.mean()), float(values.std())
 
-    names = {"rm_score": "rm_score", "score": "score_reward", "eos_penalty": "eos_penalty", "gold_score": "gold_score",
+    names = {"rm_score": "rm_score", "score": "score", "eos_penalty": "eos_penalty", "gold_score": "gold_score",
              "kl": "kl", "objective": "objective", "response_length": "response_length"}  # fmt: skip
     result: dict[str, Any] = {key: stat(src) for key, src in names.items()}
+    if conversation:
+        result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
+        # a game's win (TextArena's single-player games pay 1 for it, less for a loss): a game's success rate
+        result["success"] = float(np.mean([r["turn_reward_sum"] >= 1.0 for r in rows]))
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)

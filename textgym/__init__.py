@@ -18,7 +18,7 @@ set_wait_policy()  # before torch loads: OpenMP's passive wait, so every core is
 from gymnasium.envs.registration import register  # noqa: E402
 
 from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
-from textgym.envs import TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
+from textgym.envs import TextMultiTurnEnv, TextMultiTurnVectorEnv, TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
 
 apply_default_threads()  # every core under that wait; one fewer when torch loaded first (threads.py)
 
@@ -50,4 +50,12 @@ register(
     },  # fmt: skip
 )
 
-__all__ = ["TextRLHFEnv", "TextRLHFVectorEnv", "__version__"]
+# Conversations on the same engine: the policy speaks, a partner (a game, a tool, a user simulator) answers.
+register(
+    id="TextMultiTurn-v0",
+    entry_point="textgym.envs.multi_turn:TextMultiTurnEnv",
+    vector_entry_point="textgym.envs.multi_turn:TextMultiTurnVectorEnv",
+    disable_env_checker=False,
+)
+
+__all__ = ["TextMultiTurnEnv", "TextMultiTurnVectorEnv", "TextRLHFEnv", "TextRLHFVectorEnv", "__version__"]

@@ -35,6 +35,9 @@ __all__ = ["FINAL_INFO_KEYS", "collect_episodes", "make_episode_envs", "sequence
 # Per-episode results copied from the env's last-step info, with their dtypes.
 FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
                    "gold_score": np.float64, "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
+# ... and those of a conversation (TextMultiTurn-v0), with what a single-turn episode has instead: one turn, no
+# partner reward, its response the whole conversation.
+TURN_INFO_KEYS = {"turns": (np.int64, 1), "turn_reward_sum": (np.float64, 0.0)}
 
 
 def make_episode_envs(env_id: str = "TextRLHF-v0", num_envs: int = 1, **env_kwargs):
@@ -93,6 +96,7 @@ def collect_episodes(
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     timing: dict[str, float] | None = None,
     reference_scoring: str | None = None,
+    partner_seeds: Sequence[int] | None = None,
 ) -> TensorDict:
     """Run one complete episode in each of the first ``num_episodes`` slots of ``envs``.
 
@@ -109,15 +113,21 @@ def collect_episodes(
         timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
         reference_scoring: ``"episode"`` (π_ref once at each episode's end) or ``"step"`` (a cached forward
             per step): equal to 1e-5; default "episode", "step" for an env with ``action_mask_top_p``.
+        partner_seeds: with a partner (``TextMultiTurn-v0``), one partner seed per episode (a game's deal;
+            default: drawn by the slots' RNGs). Giving a seed G times, beside its prompt, makes a group on one game.
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
         L = ``max_prompt_tokens + T``:
         ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
-        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` (True on the response)
-        ``(B, T)``; ``kept`` ``(B, T, W)`` uint8 when the policy returns kept sets; ``rm_score``,
-        ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS penalty), ``gold_score``,
-        ``response_length``, ``length_capped`` ``(B,)``; ``prompt`` and ``response`` text (non-tensor).
+        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)``, indexed by the
+        token's response column (column ``max_prompt_tokens + t`` of the observation); ``mask`` is True on the
+        policy's tokens: the whole response of a single-turn episode, the policy's turns of a conversation (a
+        partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the
+        policy returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the
+        missing-EOS penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``,
+        ``turns``, ``turn_reward_sum`` (the partner's rewards; 0 without one) ``(B,)``; ``prompt`` and
+        ``response`` text (non-tensor).
     """
     _check_envs(envs)
     start = time.perf_counter()
@@ -125,8 +135,11 @@ def collect_episodes(
     running = _start_mask(n, num_episodes)
     b = int(running.sum())
     options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
+    if partner_seeds is not None:
+        options["partner_seed"] = list(partner_seeds)
     policy.reset()
     obs = _reset(envs, seed, options, reference_scoring)
+    P = envs.unwrapped.max_prompt_tokens
     buf = _Buffers(n, T, obs["input_ids"].shape[1])
     policy_seconds = 0.0
     with autocast():
@@ -135,9 +148,11 @@ def collect_episodes(
             actions, logps = policy.act(obs)
             policy_seconds += time.perf_counter() - tp
             actions = _as_numpy(actions).astype(np.int64)
+            column = obs["attention_mask"][:, P:].sum(1)  # the response column each action is written to
             obs, reward, terminated, truncated, info = envs.step(actions)
-            buf.record_kept(running, getattr(policy, "last_kept", None))
-            ended = buf.record(running, actions, _as_numpy(logps), info["ref_logprob"], reward, terminated | truncated)
+            buf.record_kept(running, column, getattr(policy, "last_kept", None))
+            ended = buf.record(running, column, actions, _as_numpy(logps), info["ref_logprob"], reward,
+                               terminated | truncated)  # fmt: skip
             buf.finish(ended, obs, info)
             running &= ~ended
     if timing is not None:
@@ -163,37 +178,41 @@ def _reset(envs, seed: int | None, options: dict[str, Any], reference_scoring: s
 
 
 class _Buffers:
-    """Host arrays of one collection, written slot by slot as tokens and finished episodes come in."""
+    """Host arrays of one collection, written slot by slot as tokens and finished episodes come in.
+
+    Per-token arrays are indexed by the token's response column, not by the step: in a conversation the
+    partner's replies take columns between two of the policy's steps (mask False there).
+    """
 
     def __init__(self, n: int, T: int, L: int):
-        self.length = np.zeros(n, dtype=np.int64)
         self.per_token = {k: np.zeros((n, T), dtype=d) for k, d in
                           (("action", np.int64), ("sample_log_prob", np.float32), ("ref_logprob", np.float32),
                            ("env_reward", np.float32))}  # fmt: skip
+        self.mask = np.zeros((n, T), dtype=bool)
         self.obs = {k: np.zeros((n, L), dtype=np.int64) for k in ("input_ids", "attention_mask")}
         self.final = {k: np.zeros(n, dtype=d) for k, d in FINAL_INFO_KEYS.items()}
+        self.final.update({k: np.full(n, default, dtype=d) for k, (d, default) in TURN_INFO_KEYS.items()})
         self.text = {k: [""] * n for k in ("prompt", "response")}
         self.kept: np.ndarray | None = None  # (n, T, W) packed kept sets of a truncating sampler
 
-    def record_kept(self, running, kept) -> None:
-        """Store the running slots' kept sets (None: the policy has none) at their current step, before
-        :meth:`record` advances it."""
+    def record_kept(self, running, column, kept) -> None:
+        """Store the running slots' kept sets (None: the policy has none) at their tokens' columns."""
         if kept is None:
             return
         kept = _as_numpy(kept)
         if self.kept is None:
             self.kept = np.zeros((*self.per_token["action"].shape, kept.shape[-1]), dtype=np.uint8)
         rows = np.flatnonzero(running)
-        self.kept[rows, self.length[rows]] = kept[rows]
+        self.kept[rows, column[rows]] = kept[rows]
 
-    def record(self, running, actions, logps, ref_logprob, reward, done) -> np.ndarray:
-        """Write the step of the running slots; return the mask of those that ended on it."""
+    def record(self, running, column, actions, logps, ref_logprob, reward, done) -> np.ndarray:
+        """Write the step of the running slots at their tokens' columns; return the mask of those that ended."""
         rows = np.flatnonzero(running)
-        t = self.length[rows]
+        t = column[rows]
         for key, values in (("action", actions), ("sample_log_prob", logps), ("ref_logprob", ref_logprob),
                             ("env_reward", reward)):  # fmt: skip
             self.per_token[key][rows, t] = values[rows]
-        self.length[rows] += 1
+        self.mask[rows, t] = True
         return running & done
 
     def finish(self, ended: np.ndarray, obs: dict, info: dict) -> None:
@@ -207,14 +226,14 @@ class _Buffers:
             for key in self.obs:
                 self.obs[key][s] = obs[key][s]
             for key in self.final:
-                self.final[key][s] = info[key][s]
+                if key in FINAL_INFO_KEYS or info.get(f"_{key}", np.zeros_like(ended))[s]:
+                    self.final[key][s] = info[key][s]
             for key in self.text:
                 self.text[key][s] = info[key][s]
 
     def tensordict(self, b: int) -> TensorDict:
-        T = self.per_token["action"].shape[1]
         data = {k: torch.as_tensor(v[:b]) for k, v in {**self.per_token, **self.obs, **self.final}.items()}
-        data["mask"] = torch.as_tensor(np.arange(T)[None, :] < self.length[:b, None])  # (B, T)
+        data["mask"] = torch.as_tensor(self.mask[:b])  # (B, T)
         if self.kept is not None:
             data["kept"] = torch.as_tensor(self.kept[:b])  # (B, T, W)
         td = TensorDict(data, batch_size=[b])

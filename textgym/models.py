@@ -13,9 +13,10 @@ import inspect
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -49,6 +50,7 @@ __all__ = [
     "ARITH_TRAIN",
     "TOKENIZER_FILES",
     "check_finite_output",
+    "context_rows",
     "left_pad",
     "load_causal_lm",
     "load_pretrained",
@@ -288,6 +290,27 @@ def left_pad(tokenizer, rows: list[list[int]], length: int | None = None, return
     ids, mask = batch["input_ids"], batch["attention_mask"]
     if pad_id is not None:
         ids[mask == 0] = pad_id
+    return ids, mask
+
+
+def context_rows(input_ids: np.ndarray, attention_mask: np.ndarray, rows: Sequence[int],
+                 prompt_len: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Rows of observations as left-padded contexts ``(k, W)``: prompt and response so far, right-aligned.
+
+    The observation puts the prompt left-padded in the first ``prompt_len`` columns and the response
+    right after, so a row's real tokens are one contiguous run; a prefill needs them to end in the last
+    column (where decoding continues). W is the longest run among ``rows``.
+    """
+    rows = list(rows)
+    real = attention_mask[rows]  # (k, L)
+    start = prompt_len - real[:, :prompt_len].sum(1)
+    end = prompt_len + real[:, prompt_len:].sum(1)
+    width = int((end - start).max()) if rows else 0
+    ids = np.zeros((len(rows), width), dtype=input_ids.dtype)
+    mask = np.zeros((len(rows), width), dtype=attention_mask.dtype)
+    for k, (r, a, b) in enumerate(zip(rows, start, end, strict=True)):
+        ids[k, width - (b - a) :] = input_ids[r, a:b]
+        mask[k, width - (b - a) :] = 1
     return ids, mask
 
 

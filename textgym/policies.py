@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from textgym.functional import pack_mask, sample_categorical
-from textgym.models import CachedDecoder
+from textgym.models import CachedDecoder, context_rows
 
 __all__ = ["LMSampler", "kept_tokens", "restrict_logits", "truncate_logits"]
 
@@ -151,22 +151,28 @@ class LMSampler:
         resp_len = mask[:, self.prompt_len :].sum(1)
         new = np.flatnonzero((resp_len == 0) & (mask[:, : self.prompt_len].sum(1) > 0))  # not unstarted
         cont = resp_len == self.fed + 1
+        # More than one new token: a partner's reply follows the policy's last one (TextMultiTurn-v0). The
+        # row re-reads its whole conversation, as a prefill, instead of one cached step per token.
+        reread = np.flatnonzero((self.fed >= 0) & (resp_len > self.fed + 1))
         out = None
         if self.decoder.cache is not None and (resp_len > 0).any():
             last = ids[np.arange(n), self.prompt_len + np.maximum(resp_len, 1) - 1]
             feed = np.where(cont, last, self.eos)
             out = self.decoder.step(torch.as_tensor(feed, device=self.device))
-        if new.size:
-            slots = torch.as_tensor(new, device=self.device)
-            prompt_ids = torch.as_tensor(ids[new, : self.prompt_len], device=self.device)
-            prompt_mask = torch.as_tensor(mask[new, : self.prompt_len], device=self.device)
-            new_logits = self.decoder.prefill(slots, prompt_ids, prompt_mask)
+        for rows, (row_ids, row_mask) in ((new, (ids[new, : self.prompt_len], mask[new, : self.prompt_len])),
+                                          (reread, context_rows(ids, mask, reread, self.prompt_len))):  # fmt: skip
+            if not rows.size:
+                continue
+            slots = torch.as_tensor(rows, device=self.device)
+            new_logits = self.decoder.prefill(slots, torch.as_tensor(row_ids, device=self.device),
+                                              torch.as_tensor(row_mask, device=self.device))  # fmt: skip
             if out is None:
                 out = new_logits.new_zeros(n, new_logits.shape[-1])
             out[slots] = new_logits
         if out is None:  # no slot started yet: nothing to compute, every action is ignored
             out = torch.zeros(n, self.model.get_output_embeddings().weight.shape[0], device=self.device)
         self.fed = np.where(resp_len == 0, 0, np.where(cont, resp_len, self.fed))
+        self.fed[reread] = resp_len[reread]
         return out
 
     @property

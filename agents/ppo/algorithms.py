@@ -1,7 +1,8 @@
 """Where PPO, GRPO and RLOO differ: the advantage estimator (and whether a critic exists), chosen once.
 
 Everything else (rollout, the clipped surrogate, the KL penalty, the update loop) is shared; the
-trainer asks its estimator for the rollout's prompts and for the advantages, never for ``cfg.algo``.
+trainer asks its estimator for the rollout's starts (prompts, partner seeds) and for the advantages, never for
+``cfg.algo``.
 
 * :class:`CriticGAE` (``ppo``): a learned per-token critic, GAE over the KL-penalised per-token rewards.
 * :class:`GroupBaseline` (``grpo``, ``rloo``): G episodes per prompt; each episode's score against
@@ -28,7 +29,7 @@ class CriticGAE:
     def __init__(self, cfg: PPOConfig, critic: torch.nn.Module, max_prompt_tokens: int):
         self.cfg, self.critic, self.max_prompt_tokens = cfg, critic, max_prompt_tokens
 
-    def prompts(self, envs, num_episodes: int, seed: int | None) -> tuple[list[str] | None, int | None]:
+    def starts(self, envs, num_episodes: int, seed: int | None) -> tuple[dict[str, list] | None, int | None]:
         """Every slot draws its own prompt (seeded by the rollout with ``seed``)."""
         return None, seed
 
@@ -52,8 +53,10 @@ class GroupBaseline:
     def __init__(self, cfg: PPOConfig):
         self.cfg = cfg
 
-    def prompts(self, envs, num_episodes: int, seed: int | None) -> tuple[list[str] | None, int | None]:
-        """One prompt per group of G consecutive slots, drawn with the group's first slot RNG.
+    def starts(self, envs, num_episodes: int, seed: int | None) -> tuple[dict[str, list] | None, int | None]:
+        """One prompt (and, in a conversation, one partner seed: one game) per group of G consecutive slots,
+        drawn with the group's first slot RNG: ``({"prompts": [...], "partner_seeds": [...]}, None)``, each
+        entry repeated G times, as :func:`textgym.episodes.collect_episodes` takes them.
 
         On the first rollout (``seed`` given) the slots' prompt RNGs are seeded before the groups
         draw from them, so the rollout itself gets no seed.
@@ -64,7 +67,12 @@ class GroupBaseline:
         if num_episodes % g:
             raise ValueError(f"num_episodes={num_episodes} must be a multiple of group_size={g} for "
                              f"algo={self.cfg.algo!r}")  # fmt: skip
-        return [p for p in envs.unwrapped.draw_prompts(range(0, num_episodes, g)) for _ in range(g)], None
+        firsts = range(0, num_episodes, g)
+        starts = {"prompts": [p for p in envs.unwrapped.draw_prompts(firsts) for _ in range(g)]}
+        seeds = envs.unwrapped.draw_partner_seeds(firsts)
+        if seeds is not None:
+            starts["partner_seeds"] = [x for x in seeds for _ in range(g)]
+        return starts, None
 
     @torch.no_grad()
     def advantages(self, data, episodes, log_ratio: torch.Tensor, kl_coef: float,
@@ -76,7 +84,9 @@ class GroupBaseline:
         return Σ_t log(π_old/π_ref), weighted by ``kl_coef`` (β, or 0 for a loss-side KL).
         """
         cfg = self.cfg
-        scores = (episodes["score_reward"] + episodes["eos_penalty"]).to(log_ratio.device, torch.float32)  # (B,)
+        # the episode's whole score: the end's, minus the missing-EOS penalty, plus a partner's turn rewards
+        scores = episodes["score_reward"] + episodes["eos_penalty"] + episodes["turn_reward_sum"]
+        scores = scores.to(log_ratio.device, torch.float32)  # (B,)
         advantage = group_advantages(scores, log_ratio.sum(1), cfg.group_size, cfg.algo, kl_coef,
                                      cfg.grpo_scale)  # (B,)  # fmt: skip
         data["advantage"] = (advantage[:, None] * data["mask"]).unsqueeze(-1)  # (B, T, 1)

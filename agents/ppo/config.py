@@ -29,7 +29,8 @@ FIELD_GROUPS = {
     "optimiser": ("learning_rate", "critic_learning_rate", "lr_schedule", "warmup_iterations", "lora_rank",
                   "lora_alpha"),
     "env (the task)": ("env_id", "model", "reward_model", "gold_scorer", "prompts", "prompt_column", "eval_prompts",
-                       "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout"),
+                       "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout",
+                       "partner", "max_turns", "max_turn_tokens"),
     "sampling": ("temperature", "top_k", "top_p"),
     "run": ("total_episodes", "num_envs", "seed", "device", "precision", "threads", "deterministic", "out", "resume",
             "checkpoint_every", "progress", "report_to", "samples_every", "num_samples", "eval_every",
@@ -88,7 +89,12 @@ class PPOConfig:
         chat_template: put each prompt into the tokenizer's chat template as the user turn (chat models).
         normalize_reward: standardise the RM score with its stored mean/std under π_ref (None: when
             stored). Turn it off for a policy model the stored statistics were not measured under.
-        max_new_tokens: response length cap of the env.
+        max_new_tokens: response length cap of the env (of a conversation: its tokens after the opening, the
+            policy's and the partner's).
+        partner: who answers the policy in ``TextMultiTurn-v0``, by name: ``"textarena:<GameId>"``,
+            ``"calculator"``, ``module:attr`` or an entry point (see :mod:`textgym.partners`); None: one turn.
+        max_turns: the policy's turns per conversation (None: until the partner ends it or tokens run out).
+        max_turn_tokens: the policy's tokens per turn (None: ``max_new_tokens`` bounds it).
         missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
         reward_timeout: seconds the env waits for each reward-model call before the run stops with an error
             naming the model (None: wait forever). Generous: a large RM on a CPU scores a batch in seconds.
@@ -178,6 +184,9 @@ class PPOConfig:
     chat_template: bool = False
     normalize_reward: bool | None = None
     max_new_tokens: int = 32
+    partner: str | None = None
+    max_turns: int | None = None
+    max_turn_tokens: int | None = None
     missing_eos_penalty: float = 0.0
     reward_timeout: float | None = 300.0
     kl_coef: float = DEFAULT_KL_COEF
@@ -323,7 +332,7 @@ class PPOConfig:
         """The ``gym.make`` arguments this config sets."""
         kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
                   "missing_eos_penalty": self.missing_eos_penalty, "reward_timeout": self.reward_timeout}  # fmt: skip
-        for name in ("model", "reward_model", "gold_scorer", "prompts"):
+        for name in ("model", "reward_model", "gold_scorer", "prompts", "partner", "max_turns", "max_turn_tokens"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         if self.prompt_column != "prompt":

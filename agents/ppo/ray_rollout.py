@@ -157,7 +157,7 @@ class RolloutWorker:
         version: int,
         beta: float,
         num_episodes: int,
-        prompts: list[str] | None,
+        starts: dict[str, list] | None,
         seed: int | None,
         rng: dict[str, Any],
     ) -> tuple[TensorDict, dict, dict]:
@@ -177,8 +177,8 @@ class RolloutWorker:
         self.sampler.generator.set_state(rng["sampler"])
         self.envs.unwrapped.kl_coef = beta
         timing: dict[str, float] = {}
-        episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, prompts=prompts, seed=seed,
-                                    autocast=self.autocast, timing=timing)  # fmt: skip
+        episodes = collect_episodes(self.envs, self.sampler, num_episodes=num_episodes, seed=seed,
+                                    autocast=self.autocast, timing=timing, **(starts or {}))  # fmt: skip
         timing["load_seconds"] = load_seconds
         return episodes, timing, self.rng_state()
 
@@ -300,8 +300,8 @@ class RolloutPool:
                                      package_home())  # fmt: skip
 
     # -- one rollout
-    def launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, prompts: list[str] | None,
-               seed: int | None) -> Rollout:  # fmt: skip
+    def launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None,
+               starts: dict[str, list] | None, seed: int | None) -> Rollout:  # fmt: skip
         """Put ``policy``'s weights into the object store once and start every worker on its share."""
         started = time.perf_counter()
         weights = self.ray.put(pack_weights(policy))
@@ -312,7 +312,8 @@ class RolloutPool:
             k = min(slots.stop, n) - slots.start
             if k <= 0:
                 continue  # the rollout is shorter than the slots before this worker: its RNGs stay as they are
-            part = None if prompts is None else list(prompts[slots.start : slots.start + k])
+            part = None if starts is None else {key: list(v[slots.start : slots.start + k])
+                                                for key, v in starts.items()}  # fmt: skip
             share_seed = None if seed is None else seed + slots.start  # slot s seeded with seed + s, as in process
             shares.append(_Share(w, (weights, self.version, beta, k, part, share_seed)))
         rollout = Rollout(shares, weights, beta, started)
@@ -407,8 +408,8 @@ class RayRollouts:
     def _launch(self, policy: torch.nn.Module, beta: float, num_episodes: int | None, seed: int | None,
                 draw) -> Rollout:  # fmt: skip
         """Start the workers on a rollout with ``policy``'s weights and β (GRPO/RLOO: the learner's prompts)."""
-        prompts, seed = draw(num_episodes or self.cfg.num_envs, seed)
-        return self.pool.launch(policy, beta, num_episodes, prompts, seed)
+        starts, seed = draw(num_episodes or self.cfg.num_envs, seed)
+        return self.pool.launch(policy, beta, num_episodes, starts, seed)
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The RNG states the workers' next shares start from (JSON: the slots'; tensors: the samplers')."""

@@ -51,7 +51,7 @@ def trim_columns(data: TensorDict, prompt_len: int) -> TensorDict:
     exactly those of the full width. The sequence view is sliced, not copied.
     """
     T = data.batch_size[1]
-    width = max(int(data["mask"].sum(1).max()), 1)
+    width = max(last_column(data["mask"]), 1)
     if width == T:
         return data
     out = data[:, :width]
@@ -142,19 +142,44 @@ def compute_advantages(
     if whiten_rewards:
         reward = masked_whiten(reward, mask, shift_mean=False)
     values = value_fn(data["sequence"], data["sequence_mask"]) * mask.unsqueeze(-1)  # (B, T, 1)
-    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)
-    # The last real token ends the episode (EOS or the length cap: the RM scores it either way);
+    advantage, value_target = _masked_gae(gamma, lmbda, values, reward.unsqueeze(-1), mask)
+    data["state_value"] = values
+    data["value_target"] = value_target
+    data["advantage"] = masked_whiten(advantage, mask.unsqueeze(-1))
+    return data
+
+
+def last_column(mask: torch.Tensor) -> int:
+    """One past the last True column of any row of a ``(B, T)`` mask (0 when none is): the width a batch needs."""
+    cols = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+    return int((mask.bool() * cols).max()) if mask.numel() else 0
+
+
+def _masked_gae(gamma: float, lmbda: float, values: torch.Tensor, reward: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """GAE over the masked tokens of each row, as if the others were not there; ``(B, T, 1)`` in and out.
+
+    Why pack: in a conversation the partner's replies sit between the policy's turns (mask False). They
+    are observation, not steps: the policy's next state after its turn's last token is the state where it
+    speaks again, so V and the rewards must chain from one policy token to the next. The masked columns
+    are moved behind the policy's (a stable sort keeps their order), GAE runs on that prefix layout, and
+    the result goes back to the original columns. With a prefix mask (single-turn) the order is the
+    identity and the result is exactly the unpacked GAE's.
+    """
+    order = torch.sort((~mask.bool()).to(torch.int8), dim=1, stable=True).indices.unsqueeze(-1)  # (B, T, 1)
+    packed_values, packed_reward = values.gather(1, order), reward.gather(1, order)
+    next_values = torch.cat([packed_values[:, 1:], torch.zeros_like(packed_values[:, :1])], dim=1)
+    # The last policy token ends the episode (EOS, a cap, or the partner's done: the score is paid there);
     # padding after it is "done" too, so nothing flows back across the end.
     lengths = mask.sum(1, keepdim=True)
     t = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
     done = (t >= lengths - 1).unsqueeze(-1)  # (B, T, 1)
     advantage, value_target = generalized_advantage_estimate(
-        gamma, lmbda, values, next_values, reward.unsqueeze(-1), done, done
+        gamma, lmbda, packed_values, next_values, packed_reward, done, done
     )
-    data["state_value"] = values
-    data["value_target"] = value_target
-    data["advantage"] = masked_whiten(advantage, mask.unsqueeze(-1))
-    return data
+    unpack = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
+                                              .view(1, -1, 1).expand_as(order))  # fmt: skip
+    return advantage.gather(1, unpack), value_target.gather(1, unpack)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -3,8 +3,9 @@
 Each source has ``collect(policy, sampler, beta, num_episodes, seed, draw, timing)`` (the complete
 episodes of one rollout, ``collect_episodes``' layout: the learner's ``sampler`` acts in this process,
 Ray workers load ``policy``'s weights into their own), ``state()``/``load_state(...)`` (what a checkpoint
-keeps of it) and ``close()``. ``draw(num_episodes, seed)`` is the estimator's choice of prompts
-(:meth:`.algorithms.GroupBaseline.prompts`): ``(prompts or None, the seed left for the rollout)``.
+keeps of it) and ``close()``. ``draw(num_episodes, seed)`` is the estimator's choice of starts
+(:meth:`.algorithms.GroupBaseline.starts`): ``(collect_episodes' prompts / partner_seeds or None, the seed left
+for the rollout)``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class LocalRollouts:
     def collect(self, policy: torch.nn.Module, sampler: LMSampler, beta: float, num_episodes: int | None,
                 seed: int | None, draw: Draw, timing: dict[str, float]):  # fmt: skip
         """``num_episodes`` (default: one per slot) complete episodes sampled by ``sampler`` (over ``policy``)."""
-        prompts, seed = draw(num_episodes or self.envs.num_envs, seed)
+        starts, seed = draw(num_episodes or self.envs.num_envs, seed)
         return collect_episodes(self.envs, sampler, num_episodes=num_episodes, seed=seed, autocast=self.autocast,
-                                prompts=prompts, timing=timing)  # fmt: skip
+                                timing=timing, **(starts or {}))  # fmt: skip
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """Nothing beyond the learner's env and sampler, which the trainer saves itself."""

@@ -202,7 +202,7 @@ class Trainer:
         """The rollout's complete episodes, collected on rank 0 (:mod:`.sources`) and handed to every rank."""
         episodes = None
         if distributed.is_main():
-            draw = partial(self.estimator.prompts, self.envs)  # the learner's slots draw every prompt
+            draw = partial(self.estimator.starts, self.envs)  # the learner's slots draw every prompt (and game)
             episodes = self.rollouts.collect(
                 self.policy, self.sampler, self.last_beta, num_episodes, seed, draw, timing
             )
@@ -392,7 +392,8 @@ class Trainer:
         info = {"env_id": cfg.env_id, "kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens,
                 "temperature": cfg.temperature,
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
-        settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward")
+        settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward",
+                    "partner", "max_turns", "max_turn_tokens")
         info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
         if (norm := self.env_overrides.get("normalize_reward")) is not None:
             info["normalize_reward"] = reward_scale(norm)  # the scale the run paid: eval standardises alike
@@ -421,10 +422,11 @@ def reward_scale(norm: Any) -> list[float] | bool | None:
 
 
 def _episode_means(episodes, mask: torch.Tensor) -> dict[str, float]:
-    """The rollout's mean RM score, score (standardised), gold score and response length."""
+    """The rollout's mean RM score, score (standardised, plus a partner's turn rewards), gold score and response
+    length."""
     return {
         "rm_score": float(episodes["rm_score"].mean()),
-        "score": float(episodes["score_reward"].mean()),
+        "score": float((episodes["score_reward"] + episodes["turn_reward_sum"]).mean()),
         "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
         "response_length": float(mask.float().sum(1).mean()),
     }

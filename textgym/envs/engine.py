@@ -29,8 +29,10 @@ from textgym.envs.checks import (
     resolve_stop_ids,
 )
 from textgym.envs.prompts import load_prompts
+from textgym.envs.turns import ReplyTemplate, Turns
 from textgym.models import (
     CachedDecoder,
+    context_rows,
     left_pad,
     load_causal_lm,
     load_tokenizer,
@@ -48,6 +50,7 @@ DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI
 # once the episode ends (one teacher-forced forward over the finished episodes; what the collectors use)
 REFERENCE_SCORING = ("step", "episode")
 _TEACHER_FORCED_LOGITS = 2**26  # logits per teacher-forced chunk (256 MiB of fp32): bounds the pass's memory
+_PROBED_OPENINGS = 4  # partner seeds whose openings size the prompt block when max_prompt_tokens is not given
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
 
@@ -68,6 +71,15 @@ def check_reference_scoring(reference_scoring: str) -> str:
     if reference_scoring not in REFERENCE_SCORING:
         raise ValueError(f"reference_scoring={reference_scoring!r} is not one of {REFERENCE_SCORING}")
     return reference_scoring
+
+
+def _check_turn_arguments(partner, max_turns, max_turn_tokens, partner_timeout) -> None:
+    """The turn arguments belong to a conversation: given without ``partner``, they would be ignored."""
+    if partner is None:
+        for name, value in (("max_turns", max_turns), ("max_turn_tokens", max_turn_tokens),
+                            ("partner_timeout", partner_timeout)):  # fmt: skip
+            if value is not None:
+                raise ValueError(f"{name}={value!r} needs partner=...: an episode without a partner is one turn")
 
 
 def _check_top_p(action_mask_top_p: float | None) -> float | None:
@@ -112,6 +124,10 @@ class Engine:
         dtype: str | torch.dtype | None = None,
         reward_timeout: float | None = None,
         reference_scoring: str = "step",
+        partner=None,
+        max_turns: int | None = None,
+        max_turn_tokens: int | None = None,
+        partner_timeout: float | None = None,
     ):
         _fork_safe_threads()
         # the plain arguments first: a bad number is reported before any model is loaded
@@ -124,8 +140,13 @@ class Engine:
         self.reference_scoring = reference_scoring
         self.device = resolve_device(device)
         self.kl_coef = kl_coef
+        _check_turn_arguments(partner, max_turns, max_turn_tokens, partner_timeout)
         self._load_reference(model, tokenizer, dtype, stop_token_ids, chat_template)
         self.prompts = load_prompts(prompts, prompt_column)
+        self.turns = None if partner is None else Turns(
+            partner, num_slots, max_new_tokens, ReplyTemplate(self.tokenizer, self.chat_template, self.stop_ids),
+            max_turns, max_turn_tokens, partner_timeout,
+        )  # fmt: skip
         self.max_prompt_tokens = self._prompt_block(max_prompt_tokens)
         self.max_new_tokens = max_new_tokens
         self.seq_len = self.max_prompt_tokens + self.max_new_tokens
@@ -161,7 +182,10 @@ class Engine:
         Loaded once the observation width is known: a reward model sharing the tokenizer must have
         positions for a whole episode, and its stored normalisation is checked against ``max_new_tokens``.
         """
-        self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
+        if reward_model is None and self.turns is not None:  # a conversation's rewards may all be the partner's
+            self.reward_model = None
+        else:
+            self.reward_model = self._bind(make_reward_model(reward_model, "reward_model", device=self.device))
         if getattr(self.reward_model, "shares_tokenizer", False) and hasattr(self.reward_model, "model"):
             # it scores prompt + response + the EOS closing a length-capped response
             check_positions("reward_model", self.reward_model.model, self.seq_len + 1, self.max_prompt_tokens,
@@ -181,6 +205,7 @@ class Engine:
         self.started = np.zeros(n, dtype=bool)
         self.done = np.zeros(n, dtype=bool)
         self.deferred = np.zeros(n, dtype=bool)  # π_ref scores the slot's episode at its end (reference_scoring)
+        self.stale = np.zeros(n, dtype=bool)  # a reply was added: π_ref's cache re-reads the conversation (step mode)
         self.prompt_text: list[str] = [""] * n
         # π_ref's next-token logits and their log-sum-exp: log π_ref(a|s_t) = logit[a] − lse, one gather
         self.next_logits = torch.zeros(n, self.vocab_size, device=self.device)  # (N, V)
@@ -193,14 +218,20 @@ class Engine:
 
     def _prompt_block(self, max_prompt_tokens: int | None) -> int:
         """The prompt block's width: the longest prompt of the set, or the width given if every prompt fits."""
-        encoded = [self.encode_prompt(p) for p in self.prompts]
+        texts = [(f"prompts[{i}]", p) for i, p in enumerate(self.prompts)]
+        if self.turns is not None:  # a partner may open with its own text (a game's rules): a few seeds' openings
+            seeds = list(range(_PROBED_OPENINGS))
+            openings = self.turns.openings([0] * len(seeds), [self.prompts[0]] * len(seeds), seeds)
+            texts += [(f"the partner's opening for seed {k}", p) for k, p in enumerate(openings)
+                      if p != self.prompts[0]]  # fmt: skip
+        encoded = [self.encode_prompt(p) for _, p in texts]
         longest = max(len(e) for e in encoded)
         width = longest if max_prompt_tokens is None else max_prompt_tokens
         i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
-        self.longest_prompt = (i, longest)  # named by _check_prompt_room
+        self.longest_prompt = (texts[i], longest)  # named by _check_prompt_room
         if longest > width:
             raise ValueError(
-                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens, more than "
+                f"{texts[i][0]}={short_repr(texts[i][1])} is {longest} tokens, more than "
                 f"max_prompt_tokens={width}; prompts are never truncated"
             )
         return width
@@ -213,10 +244,10 @@ class Engine:
         argument.
         """
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
-        i, longest = self.longest_prompt
+        (name, text), longest = self.longest_prompt
         if isinstance(limit, int) and longest >= limit:  # not even one response token fits
             raise ValueError(
-                f"prompts[{i}]={short_repr(self.prompts[i])} is {longest} tokens; model has {limit} positions, so "
+                f"{name}={short_repr(text)} is {longest} tokens; model has {limit} positions, so "
                 f"with max_new_tokens={max_new_tokens} a prompt may be at most {limit - max_new_tokens} tokens "
                 "(prompts are never truncated)"
             )
@@ -277,12 +308,19 @@ class Engine:
                 )
         return encoded
 
-    def start(self, slots: list[int], prompts: list[str], encoded: list[list[int]] | None = None) -> None:
+    def start(self, slots: list[int], prompts: list[str], encoded: list[list[int]] | None = None,
+              partner_seeds: Sequence[int] | None = None) -> None:  # fmt: skip
         """Begin episodes on ``slots``: write the prompts and prefill π_ref's cache with them.
 
-        ``encoded`` is ``encode_prompts(prompts)`` when the caller has already checked them.
-        Every check runs before any state changes: a refused start leaves the slots as they were.
+        ``encoded`` is ``encode_prompts(prompts)`` when the caller has already checked them. With a
+        partner, each slot's partner is reset with its seed (``partner_seeds``, one per slot) and may
+        replace the prompt with its own opening. Every check runs before any state changes: a refused
+        start leaves the slots as they were.
         """
+        if self.turns is not None:
+            seeds = [0] * len(slots) if partner_seeds is None else [int(x) for x in partner_seeds]
+            prompts = self.turns.openings(slots, prompts, seeds)
+            encoded = None  # an opening is checked like a given prompt
         if encoded is None:
             encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
@@ -307,6 +345,23 @@ class Engine:
         self.started[slots] = True
         self.done[slots] = False
         self.deferred[slots] = deferred
+        self.stale[slots] = False
+        if self.turns is not None:
+            self.turns.begin(slots, prompts, seeds)
+
+    def _refresh_stale(self) -> None:
+        """π_ref's cache re-reads the conversations a partner's reply was added to (step mode), so their next
+        token's log π_ref is known; before the step changes anything, so a failure here leaves it undone."""
+        rows = np.flatnonzero(self.stale & self.started & ~self.done & ~self.deferred)
+        if rows.size == 0:
+            return
+        ids, mask = context_rows(self.input_ids, self.attention_mask, rows, self.max_prompt_tokens)
+        rows_t = torch.as_tensor(rows, device=self.device)
+        with self._reference_forward():
+            logits = self.decoder.prefill(rows_t, torch.as_tensor(ids, device=self.device),
+                                          torch.as_tensor(mask, device=self.device))  # fmt: skip
+        self._set_next(rows_t, logits)
+        self.stale[rows] = False
 
     def _reference_forward(self):
         """The context π_ref's (and the reward models') forwards run in: their own dtypes whatever autocast the
@@ -341,9 +396,11 @@ class Engine:
     def advance(self, actions: np.ndarray, live: np.ndarray) -> dict[str, Any]:
         """Apply ``actions`` to the ``live`` slots; one batched π_ref forward, one batched RM call.
 
-        Returns a dict of (N,) arrays: reward, terminated, truncated, ref_logprob; and ``final``,
-        a {slot: info} dict for the episodes that ended on this step.
+        Returns a dict of (N,) arrays: reward, terminated, truncated, ref_logprob; ``final``, a
+        {slot: info} dict for the episodes that ended on this step; and ``turn``, a {slot: info} dict for
+        the slots whose turn ended on it (``turn_reward``, the partner's ``reply``; multi-turn only).
         """
+        self._refresh_stale()
         n = len(actions)
         idx = np.flatnonzero(live)
         acts = torch.as_tensor(actions, device=self.device)
@@ -352,10 +409,9 @@ class Engine:
         idx_t = torch.as_tensor(np.flatnonzero(stepped), device=self.device)
         ref_lp[stepped] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
         ref_lp[live & self.deferred] = np.nan  # known at the episode's end (info["ref_logprobs"])
+        snapshot = self.turns.snapshot(idx) if self.turns is not None else None
         col = self.max_prompt_tokens + self.length[idx]
-        self.input_ids[idx, col] = actions[idx]
-        self.attention_mask[idx, col] = 1
-        self.length[idx] += 1
+        self._write(idx, actions[idx], policy=True)
         # The length cap is a terminal state of this MDP, not an outside time limit: the observation
         # encodes the step and the score is paid there. `truncated` would make SB3 & co. bootstrap
         # γ·V(s_T) on top of the score. `truncated` stays False: it is for users' TimeLimit wrappers.
@@ -363,11 +419,11 @@ class Engine:
         capped = np.zeros(n, dtype=bool)
         stopped[idx] = np.isin(actions[idx], self.stop_array)
         capped[idx] = ~stopped[idx] & (self.length[idx] >= self.max_new_tokens)
-        ended = stopped | capped
         done_before = self.done.copy()
-        self.done |= ended
         reward = np.where(stepped, self.kl_coef * ref_lp, 0.0)
         try:
+            ended, replies, turn = self._end_turns(idx, stopped, capped, reward)
+            self.done |= ended
             with self._reference_forward():  # π_ref and the reward models in their own dtypes
                 final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
                 if (stepped & ~ended).any():
@@ -380,63 +436,154 @@ class Engine:
             self.input_ids[idx, col] = self.pad_id
             self.attention_mask[idx, col] = 0
             self.done = done_before
+            if snapshot is not None:
+                self.turns.restore(snapshot)
             raise
-        return {
-            "reward": reward,
-            "terminated": ended,
-            "truncated": np.zeros(n, dtype=bool),
-            "ref_logprob": ref_lp,
-            "final": final,
-        }
+        for s, ids in replies.items():  # the partners' replies become observation: never the policy's
+            self._write(np.array([s]), np.array(ids, dtype=np.int64), policy=False)
+            self.stale[s] = True
+        return {"reward": reward, "terminated": ended, "truncated": np.zeros(n, dtype=bool), "ref_logprob": ref_lp,
+                "final": final, "turn": turn}  # fmt: skip
+
+    def _write(self, slots: np.ndarray, ids: np.ndarray, policy: bool) -> None:
+        """Append tokens to the slots' responses: one per slot (``policy``: the actions), or one slot's reply."""
+        P = self.max_prompt_tokens
+        if policy:
+            col = P + self.length[slots]
+            self.input_ids[slots, col] = ids
+            self.attention_mask[slots, col] = 1
+            if self.turns is not None:
+                self.turns.policy_mask[slots, col - P] = True
+            self.length[slots] += 1
+            return
+        s, k = int(slots[0]), len(ids)
+        start = P + self.length[s]
+        self.input_ids[s, start : start + k] = ids
+        self.attention_mask[s, start : start + k] = 1
+        self.length[s] += k
+
+    def _end_turns(self, idx: np.ndarray, stopped: np.ndarray, capped: np.ndarray,
+                   reward: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]], dict[int, dict]]:  # fmt: skip
+        """Which slots end their episode on this step, the replies to write after it, and the turn infos.
+
+        Without a partner an episode is one turn: a stop token or the cap ends it. With one, a stop token
+        or ``max_turn_tokens`` ends the policy's turn; its partner answers, its reward is paid on this step,
+        and the episode ends if the partner says done, at ``max_turns``, or when its reply would leave no
+        column for the policy's next token (the conversation's cap). The reply's tokens are returned, to be
+        written once the step has succeeded.
+        """
+        if self.turns is None:
+            return stopped | capped, {}, {}
+        P, turns = self.max_prompt_tokens, self.turns
+        ending = idx[(stopped[idx] | turns.turn_capped(idx, self.length)) & ~capped[idx]]
+        texts = [self._turn_text(s) for s in ending]
+        answers = turns.ask(ending, texts)
+        over = turns.over(ending, answers)
+        ended, replies, infos = capped.copy(), {}, {}
+        for k, s in enumerate(ending):
+            s = int(s)
+            last = int(self.length[s]) - 1  # the turn's last token: its column in the response block
+            ids = None if over[k] else turns.template.ids(answers[k][0], int(self.input_ids[s, P + last]))
+            if ids is not None and self.length[s] + len(ids) >= self.max_new_tokens:
+                ids = None  # no room left for the policy to speak: the conversation's cap ends the episode
+            ended[s] = ids is None
+            reward[s] += answers[k][1]
+            turns.commit(s, texts[k], answers[k], last, ids)
+            if ids is not None:
+                replies[s] = ids
+            infos[s] = {"turn_reward": np.float64(answers[k][1]), "reply": answers[k][0]}
+        return ended, replies, infos
+
+    def _turn_text(self, slot: int) -> str:
+        """The text of the policy's current turn in ``slot`` (its stop token left out)."""
+        P = self.max_prompt_tokens
+        ids = self.input_ids[slot, P + self.turns.turn_start[slot] : P + self.length[slot]].tolist()
+        return self.tokenizer.decode([t for t in ids if t not in self.stop_ids], skip_special_tokens=True)
 
     def _finish(self, slots: np.ndarray, capped: np.ndarray, reward: np.ndarray) -> dict[int, dict]:
         """Score the episodes ending now (one batched call per scorer) and add the end reward."""
-        episodes = Episodes(
-            prompts=[self.prompt_text[s] for s in slots],
-            responses=[self.response_text(s) for s in slots],
-            prompt_ids=[self.prompt_ids(s) for s in slots],
-            response_ids=[self.response_ids(s) for s in slots],
-        )
+        episodes = self._scored_episodes(slots)
         named = [int(s) for s in slots] if self.num_slots > 1 else None  # errors name the slot, not the batch row
-        rm = score_checked(self.reward_model, episodes, slots=named, timeout=self.reward_timeout)
+        if self.reward_model is not None:
+            rm = score_checked(self.reward_model, episodes, slots=named, timeout=self.reward_timeout)
+        else:  # a conversation whose rewards are all its partner's
+            rm = np.zeros(len(slots))
         if self.gold_scorer is not None:
             gold = score_checked(self.gold_scorer, episodes, slots=named, timeout=self.reward_timeout)
+        elif self.turns is not None:  # a partner's rewards are the task's own (a game's outcome): its gold
+            gold = np.array([self.turns.turn_reward[s].sum() for s in slots])
         else:
             gold = np.full(len(slots), np.nan)
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
         late = self._episode_reference(slots[self.deferred[slots]])  # {slot: (T,) log π_ref} of deferred slots
         final = {}
         for k, s in enumerate(slots):
+            s = int(s)
             penalty = self.missing_eos_penalty if capped[s] else 0.0
             reward[s] += score[k] - penalty
-            extra = {}
-            if int(s) in late:  # the whole episode's β·Σ_t log π_ref is paid here, and each token's part is named
-                extra = self._token_rewards(late[int(s)], int(self.length[s]), score[k] - penalty)
-                reward[s] += self.kl_coef * late[int(s)].sum()
+            extra = self._turn_infos(s, capped[s]) if self.turns is not None else {}
+            if s in late:  # the whole episode's β·Σ_t log π_ref is paid here, and each token's part is named
+                ref_lp = late[s] * self._policy_columns(s)  # the partner's tokens are observation: no KL on them
+                extra.update(self._token_rewards(s, ref_lp, score[k] - penalty))
+                reward[s] += self.kl_coef * ref_lp.sum()
             # numpy scalars: TorchRL's info readers need a dtype (a float64 is also a Python float)
-            final[int(s)] = {
+            final[s] = {
                 "rm_score": np.float64(rm[k]),
                 "score_reward": np.float64(score[k]),
                 "eos_penalty": np.float64(-penalty),
                 "gold_score": np.float64(gold[k]),
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],
-                "response_length": np.int64(self.length[s]),
+                "response_length": np.int64(self._policy_columns(s).sum()),
                 "length_capped": np.bool_(capped[s]),
                 **extra,
             }
         return final
 
-    def _token_rewards(self, ref_lp: np.ndarray, length: int, end_reward: float) -> dict[str, np.ndarray]:
+    def _scored_episodes(self, slots: np.ndarray) -> Episodes:
+        """What the scorers read: the prompt and the response; in a conversation the opening and the policy's
+        last turn (its final answer; the whole conversation is the info's ``conversation``)."""
+        if self.turns is None:
+            responses, response_ids = [self.response_text(s) for s in slots], [self.response_ids(s) for s in slots]
+        else:
+            P = self.max_prompt_tokens
+            responses = [self._turn_text(s) for s in slots]
+            response_ids = [self.input_ids[s, P + self.turns.turn_start[s] : P + self.length[s]].tolist()
+                            for s in slots]  # fmt: skip
+        return Episodes(prompts=[self.prompt_text[s] for s in slots], responses=responses,
+                        prompt_ids=[self.prompt_ids(s) for s in slots], response_ids=response_ids)  # fmt: skip
+
+    def _policy_columns(self, slot: int) -> np.ndarray:
+        """``(length,)`` float64: 1 on the response columns that are the policy's tokens, 0 on a partner's."""
+        if self.turns is None:
+            return np.ones(int(self.length[slot]))
+        return self.turns.policy_mask[slot, : self.length[slot]].astype(np.float64)
+
+    def _turn_infos(self, slot: int, capped: bool) -> dict[str, Any]:
+        """A finished conversation's infos: its turns, the partner's rewards summed, the messages."""
+        messages = list(self.turns.messages[slot])
+        if capped:  # cut mid-turn by the conversation's cap: the partial turn is the last message
+            messages.append({"role": "assistant", "content": self._turn_text(slot)})
+        return {
+            "turns": np.int64(self.turns.turns[slot] + capped),
+            "turn_reward_sum": np.float64(self.turns.turn_reward[slot].sum()),
+            "conversation": messages,
+            "conversation_length": np.int64(self.length[slot]),
+        }
+
+    def _token_rewards(self, slot: int, ref_lp: np.ndarray, end_reward: float) -> dict[str, np.ndarray]:
         """The per-token infos of an episode scored at its end: what stepping it would have paid, token by token.
 
-        ``ref_logprobs`` (T,) is log π_ref(a_t|s_t), ``token_rewards`` (T,) is β·log π_ref(a_t|s_t) plus, on the
-        last token, the score minus the missing-EOS penalty; both 0 past the response.
+        ``ref_logprobs`` (T,) is log π_ref(a_t|s_t), ``token_rewards`` (T,) is β·log π_ref(a_t|s_t) plus a turn's
+        reward on its last token and, on the last token, the score minus the missing-EOS penalty; both are 0
+        past the response and on a partner's tokens (observation, not actions).
         """
-        T = self.max_new_tokens
-        ref_logprobs = np.zeros(T, dtype=np.float64)
+        length = int(self.length[slot])
+        ref_logprobs = np.zeros(self.max_new_tokens, dtype=np.float64)
         ref_logprobs[:length] = ref_lp
         token_rewards = self.kl_coef * ref_logprobs
+        if self.turns is not None:
+            token_rewards += self.turns.turn_reward[slot]
         token_rewards[length - 1] += end_reward
         return {"ref_logprobs": ref_logprobs, "token_rewards": token_rewards}
 
@@ -479,6 +626,7 @@ class Engine:
         reference model finds plausible. The smallest set whose π_ref mass reaches p is kept.
         """
         n = self.next_logits.shape[0]
+        self._refresh_stale()
         if self.action_mask_top_p is None:
             return np.ones((n, self.vocab_size), dtype=bool)
         if (self.deferred & self.started & ~self.done).any():

@@ -72,6 +72,23 @@ def _check_options(options: Any) -> dict[str, Any]:
     return options
 
 
+PARTNER_SEEDS = 2**30  # a partner's seed is drawn from [0, 2**30): seeds from 2**30 on are never trained on
+
+
+def _partner_seeds(options: dict[str, Any], n: int) -> list[int] | None:
+    """``options["partner_seed"]`` as one seed per slot being reset (None when not given), or one clear error."""
+    seeds = options.get("partner_seed")
+    if seeds is None:
+        return None
+    seeds = [seeds] * n if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, (bool, np.bool_)) else seeds
+    ok = isinstance(seeds, (list, tuple, np.ndarray)) and len(seeds) == n
+    if not ok or not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) and x >= 0
+                         for x in seeds):  # fmt: skip
+        raise ValueError(f"options['partner_seed']={short_repr(options['partner_seed'])} must be an int >= 0 or a "
+                         f"list of {n} such ints, one per slot being reset")  # fmt: skip
+    return [int(x) for x in seeds]
+
+
 def _check_action(action: Any, vocab_size: int, name: str = "action") -> int:
     """A token id as a Python int, or one clear error naming the value and what is allowed."""
     if isinstance(action, np.ndarray) and action.shape == ():
@@ -252,6 +269,7 @@ class TextRLHFEnv(gym.Env):
     eos_token_id = property(lambda self: self._engine.eos_id)
     stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
     pad_token_id = property(lambda self: self._engine.pad_id)
+    has_partner = property(lambda self: self._engine.turns is not None, doc="whether episodes are conversations")
     action_mask_top_p = property(lambda self: self._engine.action_mask_top_p, doc="π_ref mass action_masks() keep")
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
     reference_scoring = property(
@@ -283,11 +301,15 @@ class TextRLHFEnv(gym.Env):
         # Check a given prompt before seeding: a refused reset changes nothing, the running
         # episode (if any) steps on and the RNG keeps its state.
         encoded = self._engine.encode_prompts([prompt]) if prompt is not None else None
+        given_seed = _partner_seeds(options, 1) if self._engine.turns is not None else None
         super().reset(seed=seed)
         if prompt is None:
             prompt = self._engine.prompts[int(self.np_random.integers(len(self._engine.prompts)))]
-        self._engine.start([0], [prompt], encoded)
-        return self._engine.observation(0), {"prompt": prompt}
+        partner_seeds = None
+        if self._engine.turns is not None:  # drawn after the prompt: a single-turn env's RNG stream is unchanged
+            partner_seeds = given_seed or [int(self.np_random.integers(PARTNER_SEEDS))]
+        self._engine.start([0], [prompt], encoded, partner_seeds)
+        return self._engine.observation(0), {"prompt": self._engine.prompt_text[0]}
 
     def step(self, action):
         e = self._engine
@@ -299,6 +321,7 @@ class TextRLHFEnv(gym.Env):
         deferred = bool(e.deferred[0])
         out = e.advance(np.array([a], dtype=np.int64), np.ones(1, dtype=bool))
         info = {} if deferred else {"ref_logprob": np.float64(out["ref_logprob"][0])}
+        info.update(out["turn"].get(0, {}))
         info.update(out["final"].get(0, {}))
         return e.observation(0), float(out["reward"][0]), bool(out["terminated"][0]), bool(out["truncated"][0]), info
 
@@ -402,6 +425,7 @@ class TextRLHFVectorEnv(VectorEnv):
     eos_token_id = TextRLHFEnv.eos_token_id
     stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
+    has_partner = TextRLHFEnv.has_partner
     action_mask_top_p = TextRLHFEnv.action_mask_top_p
     kl_coef = TextRLHFEnv.kl_coef
     reference_scoring = TextRLHFEnv.reference_scoring
@@ -417,9 +441,20 @@ class TextRLHFVectorEnv(VectorEnv):
         e = self._engine
         return [e.prompts[int(self._slot_rngs[int(s)].integers(len(e.prompts)))] for s in slots]
 
+    def draw_partner_seeds(self, slots) -> list[int] | None:
+        """One partner seed per slot in ``slots`` (a game's deal), drawn with that slot's RNG; None without a partner.
+
+        For groups on one game (GRPO, RLOO): draw with one slot per group and pass each seed G times to
+        ``reset(options={"partner_seed": ...})``, beside the group's prompt.
+        """
+        if self._engine.turns is None:
+            return None
+        return [int(self._slot_rngs[int(s)].integers(PARTNER_SEEDS)) for s in slots]
+
     def _start(self, slots: np.ndarray) -> None:
-        """Start ``slots`` on prompts drawn with their own RNGs."""
-        self._engine.start(slots.tolist(), self.draw_prompts(slots))
+        """Start ``slots`` on prompts (and partner seeds) drawn with their own RNGs."""
+        prompts = self.draw_prompts(slots)
+        self._engine.start(slots.tolist(), prompts, None, self.draw_partner_seeds(slots))
 
     def _given_prompts(self, prompts: Any, n: int) -> list[str]:
         """``options["prompt"]`` as one prompt per slot being reset, or one clear error."""
@@ -457,13 +492,17 @@ class TextRLHFVectorEnv(VectorEnv):
         if options.get("prompt") is not None and slots.size:
             given = self._given_prompts(options["prompt"], len(slots))
             encoded = self._engine.encode_prompts(given)
+        partner_seeds = _partner_seeds(options, len(slots)) if self._engine.turns is not None else None
         if seeds is not None:
             super().reset(seed=seeds[0])
             for i in slots:
                 if seeds[i] is not None:
                     self._slot_rngs[i] = seeding.np_random(int(seeds[i]))[0]
-        if given is not None:
-            self._engine.start(slots.tolist(), given, encoded)
+        if given is not None or (partner_seeds is not None and slots.size):
+            if given is None:
+                given = self.draw_prompts(slots)
+            partner_seeds = partner_seeds or self.draw_partner_seeds(slots)
+            self._engine.start(slots.tolist(), given, encoded, partner_seeds)
         elif slots.size:
             self._start(slots)
         self._autoreset[slots] = False
@@ -507,6 +546,7 @@ class TextRLHFVectorEnv(VectorEnv):
         # Per-step info as whole arrays: one _add_info call per slot would cost a Python call per slot and step.
         shown = stepped & ~ended if mode == AutoresetMode.SAME_STEP else stepped
         info: dict[str, Any] = {"ref_logprob": np.where(shown, out["ref_logprob"], 0.0), "_ref_logprob": shown}
+        info.update(_batched_infos(out["turn"], self.num_envs))  # a turn's reward and the partner's reply
         if mode == AutoresetMode.SAME_STEP and ended.any():
             # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
             slots = np.flatnonzero(ended)

@@ -1,0 +1,343 @@
+"""TextMultiTurn-v0: conversations on the one engine — the partner's replies are observation, the policy's tokens
+the only actions; the return is Σ turn rewards + final score + β·Σ log π_ref over the policy's tokens."""
+
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import check_env
+
+import textgym  # noqa: F401  (registers the ids)
+from textgym.episodes import collect_episodes, make_episode_envs
+from textgym.models import response_logits
+from textgym.partners import PartnerError
+from textgym.policies import LMSampler
+
+TOL = 1e-5
+BETA = 0.1
+
+
+class Counter:
+    """Answers ``reply k`` to turn k with reward 0.5·k; says done after ``TURNS`` turns; records its seeds."""
+
+    TURNS = 3
+    seeds: list = []
+
+    def reset(self, *, seed, prompt):
+        self.k = 0
+        Counter.seeds.append(seed)
+        return None
+
+    def reply(self, conversation):
+        self.k += 1
+        return f"reply {self.k}", 0.5 * self.k, self.k >= self.TURNS
+
+
+def length_score(prompts, responses):
+    """A final score the test can recompute: the last turn's length in characters / 10."""
+    return [len(r) / 10 for r in responses]
+
+
+def make(partner=Counter, **kwargs):
+    args = {"max_turn_tokens": 3, "max_new_tokens": 40, "kl_coef": BETA, "reward_model": length_score, **kwargs}
+    return gym.make("TextMultiTurn-v0", partner=partner, **args)
+
+
+def non_stop_actions(env, n, seed=0):
+    """``n`` token ids that are not stop tokens (so every turn runs to max_turn_tokens)."""
+    rng = np.random.default_rng(seed)
+    stops = set(env.unwrapped.stop_token_ids)
+    out = []
+    while len(out) < n:
+        a = int(rng.integers(5, env.action_space.n))
+        if a not in stops:
+            out.append(a)
+    return out
+
+
+def independent_ref_logprobs(env, obs, columns):
+    """log π_ref of the tokens at response ``columns`` of ``obs``, from one plain full forward (no cache)."""
+    base = env.unwrapped
+    P = base.max_prompt_tokens
+    ids = torch.as_tensor(obs["input_ids"])[None]
+    mask = torch.as_tensor(obs["attention_mask"])[None]
+    with torch.no_grad():
+        logits = response_logits(base.model, ids, mask, P)[0].double()  # (T, V)
+    logp = torch.log_softmax(logits, -1)
+    return np.array([float(logp[c, ids[0, P + c]]) for c in columns])
+
+
+def play(env, actions, **reset_kwargs):
+    obs, _ = env.reset(seed=0, **reset_kwargs)
+    rewards, infos, done = [], [], False
+    for a in actions:
+        obs, r, done, truncated, info = env.step(a)
+        rewards.append(r)
+        infos.append(info)
+        if done:
+            break
+    return obs, rewards, infos, done
+
+
+@pytest.mark.parametrize("mode", ["step", "episode"])
+def test_the_return_is_the_turn_rewards_the_final_score_and_beta_times_pi_ref_over_the_policys_tokens(mode):
+    env = make(reference_scoring=mode)
+    obs, rewards, infos, done = play(env, non_stop_actions(env, 40))
+    assert done and len(rewards) == 9  # three turns of three tokens: the partner ends it after the third
+    last = infos[-1]
+    assert int(last["turns"]) == 3 and float(last["turn_reward_sum"]) == 0.5 + 1.0 + 1.5
+    P, T = env.unwrapped.max_prompt_tokens, env.unwrapped.max_new_tokens
+    policy_cols = np.flatnonzero(env.unwrapped._engine.turns.policy_mask[0])
+    assert len(policy_cols) == 9 and policy_cols[-1] == obs["attention_mask"][P:].sum() - 1
+    ref = independent_ref_logprobs(env, obs, policy_cols)
+    score = len(last["response"]) / 10
+    assert float(last["rm_score"]) == pytest.approx(score)
+    expected = 3.0 + score + BETA * ref.sum()
+    assert sum(rewards) == pytest.approx(expected, abs=1e-4)
+    # the turn rewards are paid on the turn's last token, in both modes
+    assert [float(i.get("turn_reward", 0)) for i in infos] == [0, 0, 0.5, 0, 0, 1.0, 0, 0, 1.5]
+    if mode == "step":
+        np.testing.assert_allclose([i["ref_logprob"] for i in infos], ref, atol=TOL)
+    else:
+        np.testing.assert_allclose(last["ref_logprobs"][policy_cols], ref, atol=TOL)
+        off = np.setdiff1d(np.arange(T), policy_cols)
+        assert not last["ref_logprobs"][off].any() and not last["token_rewards"][off].any()
+        assert last["token_rewards"].sum() == pytest.approx(sum(rewards), abs=1e-9)
+
+
+def test_the_partners_reply_is_observation_written_after_the_turn_and_its_text_is_in_the_conversation():
+    env = make()
+    obs, _, infos, _ = play(env, non_stop_actions(env, 40))
+    base = env.unwrapped
+    P = base.max_prompt_tokens
+    text = base.tokenizer.decode(obs["input_ids"][P:][obs["attention_mask"][P:] == 1])
+    assert "reply 1" in text and "reply 2" in text and "reply 3" not in text  # the last answer ends the episode
+    conversation = infos[-1]["conversation"]
+    assert [m["role"] for m in conversation] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+    assert conversation[2]["content"] == "reply 1" and infos[2]["reply"] == "reply 1"
+    # the reply's columns are not the policy's: 3 policy tokens, the reply, 3 policy tokens, ...
+    mask = base._engine.turns.policy_mask[0]
+    reply = base._engine.turns.template.ids("reply 1", int(obs["input_ids"][P + 2]))
+    assert mask[:3].all() and not mask[3 : 3 + len(reply)].any() and mask[3 + len(reply)]
+    np.testing.assert_array_equal(obs["input_ids"][P + 3 : P + 3 + len(reply)], reply)
+
+
+def test_the_collector_marks_the_policys_tokens_and_both_reference_modes_agree():
+    envs = make_episode_envs("TextMultiTurn-v0", 3, partner=Counter, max_turn_tokens=4, max_new_tokens=48,
+                             kl_coef=BETA, reward_model=length_score)  # fmt: skip
+    base = envs.unwrapped
+    out = {}
+    for mode in ("step", "episode"):
+        sampler = LMSampler.for_env(base.model, envs, generator=torch.Generator().manual_seed(0))
+        out[mode] = collect_episodes(envs, sampler, seed=0, reference_scoring=mode)
+    a, b = out["step"], out["episode"]
+    assert torch.equal(a["action"], b["action"]) and torch.equal(a["mask"], b["mask"])
+    for key in ("ref_logprob", "env_reward"):
+        assert (a[key] - b[key]).abs().max() <= TOL
+        assert not b[key][~b["mask"]].any()  # nothing is charged or paid on a partner's tokens
+    assert b["turns"].tolist() == [3, 3, 3] and torch.allclose(
+        b["turn_reward_sum"], torch.full((3,), 3.0, dtype=torch.float64)
+    )
+    # the mask has holes where the replies are, and the policy's tokens sit where the mask says
+    P = base.max_prompt_tokens
+    for i in range(3):
+        cols = torch.nonzero(b["mask"][i]).squeeze(1)
+        assert (cols.diff() > 1).sum() == 2  # two replies between three turns
+        assert torch.equal(b["input_ids"][i, P + cols], b["action"][i, cols])
+    # the env reward sums to the episode's return: turn rewards + score + β Σ log π_ref
+    ret = b["env_reward"].double().sum(1)
+    expected = b["turn_reward_sum"] + b["score_reward"] + BETA * b["ref_logprob"].double().sum(1)
+    torch.testing.assert_close(ret, expected, atol=1e-4, rtol=0)
+
+
+def test_the_sampler_rereads_the_conversation_after_a_reply_as_a_full_forward_would():
+    envs = make_episode_envs("TextMultiTurn-v0", 2, partner=Counter, max_turn_tokens=2, max_new_tokens=40,
+                             reward_model=length_score)  # fmt: skip
+    base = envs.unwrapped
+    sampler = LMSampler.for_env(base.model, envs, generator=torch.Generator().manual_seed(0))
+    obs, _ = envs.reset(seed=0)
+    P = base.max_prompt_tokens
+    for _ in range(5):  # through two replies
+        logits = sampler.logits(obs)
+        ids, mask = torch.as_tensor(obs["input_ids"]), torch.as_tensor(obs["attention_mask"])
+        with torch.no_grad():
+            full = response_logits(base.model, ids, mask, P)  # (N, T, V): entry t predicts response column t
+        nxt = mask[:, P:].sum(1)  # the next token's response column
+        want = torch.stack([full[i, nxt[i]] for i in range(2)])
+        torch.testing.assert_close(logits, want, atol=2e-4, rtol=0)
+        actions = logits.argmax(-1).numpy()
+        actions = np.where(np.isin(actions, base.stop_token_ids), 7, actions)
+        obs, *_ = envs.step(actions)
+
+
+class Raising(Counter):
+    fail = True
+
+    def reply(self, conversation):
+        if Raising.fail:
+            raise RuntimeError("the game server is down")
+        return super().reply(conversation)
+
+
+def test_a_partner_that_raises_names_itself_and_the_step_is_undone_so_it_can_be_retried():
+    env = make(partner=Raising)
+    actions = non_stop_actions(env, 3)
+    env.reset(seed=0)
+    for a in actions[:2]:
+        obs, *_ = env.step(a)
+    with pytest.raises(PartnerError, match="Raising.*the game server is down"):
+        env.step(actions[2])
+    after = env.unwrapped._engine.observation(0)
+    np.testing.assert_array_equal(after["input_ids"], obs["input_ids"])  # the token is undone
+    Raising.fail = False
+    try:
+        obs2, r, done, _, info = env.step(actions[2])
+    finally:
+        Raising.fail = True
+    assert info["reply"] == "reply 1" and info["turn_reward"] == 0.5 and not done
+
+
+class Hanging(Counter):
+    def reply(self, conversation):
+        time.sleep(30)
+
+
+class BadReward(Counter):
+    def reply(self, conversation):
+        return "ok", float("nan"), False
+
+
+class NotText(Counter):
+    def reply(self, conversation):
+        return 42, 1.0, False
+
+
+@pytest.mark.parametrize(
+    "partner, match",
+    [(Hanging, "did not return within partner_timeout=0.2"), (BadReward, "nan"), (NotText, "42")],
+)
+def test_a_hanging_or_malformed_partner_gets_one_clear_error_and_changes_nothing(partner, match):
+    env = make(partner=partner, partner_timeout=0.2)
+    actions = non_stop_actions(env, 3)
+    env.reset(seed=0)
+    for a in actions[:2]:
+        obs, *_ = env.step(a)
+    start = time.perf_counter()
+    with pytest.raises(PartnerError, match=match):
+        env.step(actions[2])
+    assert time.perf_counter() - start < 5
+    np.testing.assert_array_equal(env.unwrapped._engine.observation(0)["input_ids"], obs["input_ids"])
+    assert env.unwrapped._engine.turns.turns[0] == 0 and len(env.unwrapped._engine.turns.messages[0]) == 1
+
+
+class Endless(Counter):
+    TURNS = 10**6
+
+
+def test_the_turn_cap_and_the_token_cap_end_the_episode_as_terminal_states():
+    env = make(partner=Endless, max_turns=2)
+    _, rewards, infos, done = play(env, non_stop_actions(env, 40))
+    assert done and len(rewards) == 6 and int(infos[-1]["turns"]) == 2 and not infos[-1]["length_capped"]
+    # a cap mid-turn: length_capped, and the partial turn is the conversation's last message
+    env = make(partner=Endless, max_turn_tokens=5, max_new_tokens=12, missing_eos_penalty=1.0)
+    obs, rewards, infos, done = play(env, non_stop_actions(env, 40))
+    last = infos[-1]
+    assert done and last["length_capped"] and float(last["eos_penalty"]) == -1.0
+    assert obs["attention_mask"][env.unwrapped.max_prompt_tokens :].sum() == 12
+    assert last["conversation"][-1]["role"] == "assistant"
+
+
+def test_the_env_passes_gymnasium_sb3_and_torchrl_checkers():
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+    from torchrl.envs import GymWrapper
+    from torchrl.envs.utils import check_env_specs
+
+    check_env(make(partner=Endless).unwrapped, skip_render_check=True)
+    check_env(make(partner=Endless, reference_scoring="episode").unwrapped, skip_render_check=True)
+    sb3_check_env(make(partner=Endless).unwrapped, warn=True)
+    check_env_specs(GymWrapper(make(partner=Endless)), seed=0)
+    vec = gym.make_vec("TextMultiTurn-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                       autoreset_mode="disabled", partner=Endless, max_turn_tokens=3)  # fmt: skip
+    check_env_specs(GymWrapper(vec), seed=0)
+
+
+def test_the_arguments_of_a_conversation_are_checked():
+    with pytest.raises(TypeError, match="partner=None: TextMultiTurn-v0 needs a partner"):
+        gym.make("TextMultiTurn-v0")
+    with pytest.raises(ValueError, match="max_turns=2 needs partner="):
+        gym.make("TextRLHF-v0", max_turns=2)
+    with pytest.raises(ValueError, match="max_turn_tokens=0 must be an int >= 1"):
+        make(max_turn_tokens=0)
+    with pytest.raises(ValueError, match="partner_timeout=-1 must be"):
+        make(partner_timeout=-1)
+    env = make()
+    with pytest.raises(ValueError, match=r"options\['partner_seed'\]"):
+        env.reset(options={"partner_seed": -3})
+
+
+def test_partner_seeds_come_from_the_env_rng_or_the_options_and_groups_share_one():
+    Counter.seeds = []
+    env = make()
+    env.reset(seed=5)
+    env.reset(seed=5)
+    env.reset(options={"partner_seed": 2**30 + 7})
+    assert Counter.seeds[-3] == Counter.seeds[-2] < 2**30 and Counter.seeds[-1] == 2**30 + 7
+    from textgym.agents.ppo.algorithms import GroupBaseline
+    from textgym.agents.ppo.config import PPOConfig
+
+    envs = make_episode_envs("TextMultiTurn-v0", 4, partner=Counter, max_turn_tokens=3, reward_model=length_score)
+    cfg = PPOConfig(algo="grpo", group_size=2, num_envs=4, total_episodes=8, out="unused")
+    starts, seed = GroupBaseline(cfg).starts(envs, 4, seed=0)
+    seeds = starts["partner_seeds"]
+    assert seed is None and seeds[0] == seeds[1] and seeds[2] == seeds[3] and seeds[0] != seeds[2]
+
+
+def test_the_single_turn_env_is_the_one_turn_case_and_draws_no_partner_seed():
+    a = gym.make("TextRLHF-v0", max_new_tokens=4)
+    obs, info = a.reset(seed=3)
+    assert "turns" not in a.step(0)[4] and not a.unwrapped.has_partner
+    envs = make_episode_envs("TextRLHF-v0", 2, max_new_tokens=4)
+    assert envs.unwrapped.draw_partner_seeds([0, 1]) is None
+
+
+def test_gae_skips_the_partners_columns_as_if_they_were_not_there():
+    """GAE over a row with holes equals GAE over the same policy tokens packed together (an exact case)."""
+    from tensordict import TensorDict
+
+    from textgym.agents.ppo.rollout import compute_advantages
+
+    torch.manual_seed(0)
+    B, T = 2, 9
+    holes = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 0], [1, 0, 1, 1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    n = holes.sum(1)
+    packed = torch.zeros(B, T, dtype=torch.bool)
+    packed[0, : n[0]], packed[1, : n[1]] = True, True
+    values, rewards = torch.randn(B, T, 1), torch.randn(B, T)
+
+    def run(mask, order):
+        v = torch.zeros(B, T, 1)
+        r = torch.zeros(B, T)
+        for i in range(B):
+            cols = torch.nonzero(mask[i]).squeeze(1)
+            v[i, cols] = values[i, order[i]]
+            r[i, cols] = rewards[i, order[i]]
+        data = TensorDict({"mask": mask, "reward": r, "sequence": torch.zeros(B, T, 1),
+                           "sequence_mask": torch.zeros(B, T, 1)}, batch_size=[B, T])  # fmt: skip
+        compute_advantages(data, lambda seq, m: v, gamma=0.9, lmbda=0.8)
+        return data
+
+    order = [torch.arange(int(k)) for k in n]
+    a, b = run(holes, order), run(packed, order)
+    for key in ("advantage", "value_target"):
+        for i in range(B):
+            torch.testing.assert_close(a[key][i, holes[i]], b[key][i, packed[i]])
+            assert not a[key][i, ~holes[i]].any()
+    # the hand-written recursion on row 1's three tokens, as a check of the packed layout itself
+    v, r = values[1, :3, 0], rewards[1, :3]
+    d2 = r[2] - v[2]
+    d1 = r[1] + 0.9 * v[2] - v[1]
+    d0 = r[0] + 0.9 * v[1] - v[0]
+    adv = torch.stack([d0 + 0.72 * (d1 + 0.72 * d2), d1 + 0.72 * d2, d2])
+    torch.testing.assert_close(b["value_target"][1, :3, 0], adv + v)
