@@ -1,6 +1,7 @@
 """TextMultiTurn-v0: conversations on the one engine — the partner's replies are observation, the policy's tokens
 the only actions; the return is Σ turn rewards + final score + β·Σ log π_ref over the policy's tokens."""
 
+import math
 import time
 
 import gymnasium as gym
@@ -341,3 +342,46 @@ def test_gae_skips_the_partners_columns_as_if_they_were_not_there():
     d0 = r[0] + 0.9 * v[1] - v[0]
     adv = torch.stack([d0 + 0.72 * (d1 + 0.72 * d2), d1 + 0.72 * d2, d2])
     torch.testing.assert_close(b["value_target"][1, :3, 0], adv + v)
+
+
+class Terse:
+    """Pays each turn 1 − (its characters / 20), at least −1: a policy learns to say less; three turns a game."""
+
+    def reset(self, *, seed, prompt):
+        self.k = 0
+
+    def reply(self, conversation):
+        self.k += 1
+        return "go on", max(-1.0, 1.0 - len(conversation[-1]["content"]) / 20), self.k >= 3
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_the_trainer_updates_on_the_policys_tokens_of_a_conversation(tmp_path, algo):
+    from textgym.agents.ppo import PPOConfig, Trainer
+
+    cfg = PPOConfig(env_id="TextMultiTurn-v0", max_new_tokens=36, max_turn_tokens=6, num_envs=8, total_episodes=16,
+                    num_minibatches=2, ppo_epochs=1, algo=algo, group_size=4, precision="fp32", progress=False,
+                    out=str(tmp_path / "run"))  # fmt: skip
+    t = Trainer.create(cfg, env_overrides={"partner": Terse})
+    row = t.iteration()
+    ep = t.last_episodes
+    assert ep["turns"].tolist() == [3] * 8
+    assert all((torch.nonzero(m).squeeze(1).diff() > 1).sum() >= 1 for m in ep["mask"])  # replies between turns
+    assert row["score"] == pytest.approx(float(ep["turn_reward_sum"].mean()))
+    assert math.isfinite(row["policy_loss"]) and math.isfinite(row["kl"])
+    if algo == "grpo":  # a group is one game: the same partner seed, so the same opening and the same replies
+        assert len(set(list(ep["prompt"])[:4])) == 1
+
+
+@pytest.mark.slow
+def test_ppo_learns_what_the_partner_pays_for_on_a_fixed_seed(tmp_path):
+    from textgym.agents.ppo import PPOConfig, Trainer
+
+    cfg = PPOConfig(env_id="TextMultiTurn-v0", max_new_tokens=36, max_turn_tokens=6, num_envs=16,
+                    total_episodes=16 * 12, num_minibatches=2, seed=0, learning_rate=5e-4, target_kl=None,
+                    precision="fp32", progress=False, checkpoint_every=100, out=str(tmp_path / "run"))  # fmt: skip
+    t = Trainer.create(cfg, env_overrides={"partner": Terse})
+    history = [t.iteration() for _ in range(cfg.num_iterations)]
+    first = np.mean([r["score"] for r in history[:3]])
+    last = np.mean([r["score"] for r in history[-3:]])
+    assert last > first + 0.5, (first, last)
