@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from textgym.assets import ASSETS
+from textgym.timeouts import CallAbandoned, call_within
 from textgym.utils import short_repr
 
 NORM_FILE = "textgym_reward.json"
@@ -83,33 +83,6 @@ class RewardModel(Protocol):
         ...
 
 
-class _Hung(Exception):
-    """``model.score`` did not return within the timeout (private: a model's own TimeoutError is not this)."""
-
-
-def _score_within(model: RewardModel, episodes: Episodes, timeout: float):
-    """``model.score(episodes)`` on a daemon thread, waited for at most ``timeout`` seconds.
-
-    A thread cannot be killed: a hung call is abandoned (it finishes, or not, in the background).
-    """
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["out"] = model.score(episodes)
-        except BaseException as err:  # handed to the caller's thread
-            box["err"] = err
-
-    thread = threading.Thread(target=run, name="textgym-reward-model", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise _Hung
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
-
-
 def _batch(episodes: Episodes, slots: Sequence[int] | None) -> str:
     where = f" (env slots {list(slots)})" if slots is not None else ""
     return f"a batch of {len(episodes)} episode(s){where}"
@@ -142,8 +115,10 @@ def _call_score(
     try:
         if getattr(model, "enforces_timeout", False):  # a remote model times its own request out
             return model.score(episodes, timeout=timeout)
-        return model.score(episodes) if timeout is None else _score_within(model, episodes, timeout)
-    except _Hung:
+        if timeout is None:
+            return model.score(episodes)
+        return call_within(lambda: model.score(episodes), timeout, "textgym-reward-model")
+    except CallAbandoned:
         raise RewardModelError(
             f"reward model {name!r} did not return within reward_timeout={timeout} s on {_batch(episodes, slots)}; "
             "the call was abandoned and the step undone"

@@ -1,0 +1,34 @@
+"""Partners of the multi-turn envs: what answers when the policy's turn ends (a game, a tool, a user).
+
+``gym.make("TextMultiTurn-v0", partner=...)`` takes any form :func:`make_partner` resolves; the env calls
+every partner through :func:`reset_checked` and :func:`reply_checked`. :mod:`textgym.partners.base` states
+the protocol.
+"""
+
+from textgym.partners.base import (
+    ENTRY_POINT_GROUP,
+    FunctionPartner,
+    Partner,
+    PartnerError,
+    available_partners,
+    make_partner,
+    partner_name,
+    reply_checked,
+    reset_checked,
+)
+from textgym.partners.textarena import TextArenaPartner
+from textgym.partners.tools import Calculator
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Calculator",
+    "FunctionPartner",
+    "Partner",
+    "PartnerError",
+    "TextArenaPartner",
+    "available_partners",
+    "make_partner",
+    "partner_name",
+    "reply_checked",
+    "reset_checked",
+]
