@@ -35,10 +35,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from textgym.imports import import_module_named
 from textgym.partners.textarena import TextArenaPartner
 from textgym.partners.tools import Calculator
 from textgym.rewards.base import FLOAT32_MAX
-from textgym.rewards.registry import _import_module
 from textgym.timeouts import CallAbandoned, call_within
 from textgym.utils import short_repr
 
@@ -138,7 +138,7 @@ def _from_string(text: str, name: str) -> Callable[[], Partner]:
         return _from_object(_BUILTINS[text], name, shown)
     if ":" in text:
         module_name, _, attr = text.partition(":")
-        module = _import_module(module_name, name, text)
+        module = import_module_named(module_name, name, text)
         if not hasattr(module, attr):
             raise ValueError(f"{name}={shown}: module {module_name!r} has no attribute {attr!r}")
         return _from_object(getattr(module, attr), name, shown)

@@ -18,16 +18,15 @@ runs on), so ``def factory(device="cpu")`` gets it.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
-import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
 from textgym.assets import DEFAULT_RM
+from textgym.imports import import_module_named
 from textgym.rewards.base import RewardModel
 from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer
 from textgym.rewards.http import HTTPRewardModel, is_url
@@ -108,33 +107,6 @@ def _call_factory(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]
     return _from_object(factory(**kwargs), name)
 
 
-def _import_module(module_name: str, argument: str, text: str):
-    """Import ``module_name``, also from the working directory.
-
-    Why: a console script (``textgym``) puts its own folder on ``sys.path``, not the working directory
-    as ``python -m`` and ``python -c`` do, so ``--reward-model myrm:score`` beside ``myrm.py`` would fail.
-    """
-    try:
-        try:
-            return importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if not _add_working_directory(module_name, err):
-                raise
-            return importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{argument}={text!r}: module {module_name!r} cannot be imported ({err})") from err
-
-
-def _add_working_directory(module_name: str, err: ModuleNotFoundError) -> bool:
-    """Put the working directory first on ``sys.path`` if the missing module is there (kept, as ``python -m`` does)."""
-    top, cwd = module_name.partition(".")[0], os.getcwd()
-    here = (Path(cwd) / f"{top}.py").is_file() or (Path(cwd) / top).is_dir()
-    if err.name != top or not here or cwd in sys.path:
-        return False
-    sys.path.insert(0, cwd)
-    return True
-
-
 def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) -> RewardModel:
     """Resolve ``spec`` through the routes above; ``kwargs`` go to HF models and factories.
 
@@ -155,7 +127,7 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
         return _from_object(eps[0].load(), text)
     if ":" in text and not Path(text).exists():
         module_name, _, attr = text.partition(":")
-        module = _import_module(module_name, argument, text)
+        module = import_module_named(module_name, argument, text)
         if not hasattr(module, attr):
             raise ValueError(f"{argument}={text!r}: module {module_name!r} has no attribute {attr!r}")
         return _from_object(getattr(module, attr), text)
