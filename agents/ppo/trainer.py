@@ -393,7 +393,7 @@ class Trainer:
                 "temperature": cfg.temperature,
                 "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
         settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward",
-                    "partner", "max_turns", "max_turn_tokens")
+                    "partner", "max_turns", "max_turn_tokens")  # fmt: skip
         info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
         if (norm := self.env_overrides.get("normalize_reward")) is not None:
             info["normalize_reward"] = reward_scale(norm)  # the scale the run paid: eval standardises alike

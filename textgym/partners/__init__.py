@@ -16,13 +16,14 @@ from textgym.partners.base import (
     reply_checked,
     reset_checked,
 )
-from textgym.partners.textarena import TextArenaPartner
+from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Calculator",
     "FunctionPartner",
+    "GuessTheNumber10",
     "Partner",
     "PartnerError",
     "TextArenaPartner",

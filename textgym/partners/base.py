@@ -19,7 +19,7 @@ returns the episode's opening text (a game's rules and board) or None to keep th
 2. an object with a callable ``reply``: the first slot gets the object, each later one a deep copy;
 3. a plain function ``f(conversation) -> (text, reward, done)``: one stateless partner all slots share;
 4. ``"textarena:<GameId>"``: a TextArena single-player game (:class:`~textgym.partners.textarena.TextArenaPartner`);
-5. a built-in name (``"calculator"``);
+5. a built-in name (``"calculator"``, ``"guess-the-number-10"``: TextArena's GuessTheNumber over 1..10 in 4 guesses);
 6. ``"package.module:attr"``: the attribute, resolved as above;
 7. a name published by an installed package in the entry-point group ``textgym.partners``.
 """
@@ -36,7 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from textgym.imports import import_module_named
-from textgym.partners.textarena import TextArenaPartner
+from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
 from textgym.rewards.base import FLOAT32_MAX
 from textgym.timeouts import CallAbandoned, call_within
@@ -57,7 +57,7 @@ __all__ = [
     "reset_checked",
 ]
 
-_BUILTINS: dict[str, type] = {"calculator": Calculator}
+_BUILTINS: dict[str, type] = {"calculator": Calculator, "guess-the-number-10": GuessTheNumber10}
 
 _FORMS = (
     "a partner class, an object with a reply(conversation) method, a function f(conversation) -> "

@@ -24,7 +24,7 @@ def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_
 
     ``envs``: a raw-reward vector env to sample in (:func:`raw_envs`; left open), else one is built
     from ``env_id`` and ``env_kwargs`` and closed. Each row has ``prompt``, ``response``,
-    ``rm_score`` and ``gold_score``.
+    ``rm_score``, ``gold_score`` and ``turn_reward_sum`` (a partner's rewards; 0 in a single-turn env).
     """
     own = envs is None
     envs = raw_envs(num_envs, env_id, **env_kwargs) if own else envs
@@ -37,7 +37,7 @@ def sample_episodes(episodes: int = 512, num_envs: int = 64, seed: int = 0, env_
         done = collect_episodes(envs, policy, num_episodes=min(num_envs, episodes - len(rows)),
                                 seed=seed if first else None)  # fmt: skip
         rows.extend({k: done[k][i] if k in ("prompt", "response") else float(done[k][i])
-                     for k in ("prompt", "response", "rm_score", "gold_score")}
+                     for k in ("prompt", "response", "rm_score", "gold_score", "turn_reward_sum")}
                     for i in range(done.batch_size[0]))  # fmt: skip
     if own:
         envs.close()
