@@ -307,7 +307,9 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     if conversation:
         result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
         # a game's win (TextArena's single-player games pay 1 for it, less for a loss): a game's success rate
-        result["success"] = float(np.mean([r["turn_reward_sum"] >= 1.0 for r in rows]))
+        wins = int(sum(r["turn_reward_sum"] >= 1.0 for r in rows))
+        result["success"] = wins / len(rows)
+        result["success_ci95"] = wilson_interval(wins, len(rows))
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
@@ -322,7 +324,18 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     return result
 
 
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a success rate (95 % at z = 1.96): right at 0 and 1 wins, where the normal
+    approximation's interval collapses to a point."""
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 def format_eval(name: str, result: dict) -> str:
-    parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple)]
+    parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple) and k != "success_ci95"]
+    if "success" in result:  # a game's wins, with their 95 % interval
+        parts += ["success {:.3f} [{:.3f}, {:.3f}]".format(result["success"], *result["success_ci95"])]
     parts += [f"distinct-2 {result['distinct_2']:.3f}"]
     return f"{name}: " + ", ".join(parts)

@@ -385,3 +385,78 @@ def test_ppo_learns_what_the_partner_pays_for_on_a_fixed_seed(tmp_path):
     first = np.mean([r["score"] for r in history[:3]])
     last = np.mean([r["score"] for r in history[-3:]])
     assert last > first + 0.5, (first, last)
+
+
+def test_evaluate_plays_held_out_partner_seeds_the_same_for_every_policy_and_reports_wins():
+    from textgym.agents.evaluate import evaluate, format_eval, wilson_interval
+
+    class Wins(Counter):
+        TURNS = 2
+
+        def reply(self, conversation):
+            text, reward, done = super().reply(conversation)
+            return text, (1.0 if self.seed % 2 == 0 else 0.25) if done else 0.0, done
+
+        def reset(self, *, seed, prompt):
+            self.seed = seed
+            return super().reset(seed=seed, prompt=prompt)
+
+    Counter.seeds = []
+    kwargs = dict(env_id="TextMultiTurn-v0", partner=Wins, max_turn_tokens=3, max_new_tokens=40)
+    a = evaluate(None, episodes=6, num_envs=3, **kwargs)
+    seen, Counter.seeds = list(Counter.seeds), []
+    evaluate(None, episodes=6, num_envs=3, seed=99, **kwargs)
+    held_out = [s for s in seen if s >= 2**30]
+    assert sorted(held_out) == [2**30 + i for i in range(6)] and sorted(Counter.seeds[-6:]) == sorted(held_out)
+    assert a["success"] == 0.5 and a["turns"][0] == 2.0 and a["turn_reward_sum"][0] == pytest.approx(0.625)
+    assert a["success_ci95"] == wilson_interval(3, 6) and "success 0.500 [" in format_eval("pi_ref", a)
+    assert a["objective"][0] == pytest.approx(0.625 - a["kl_coef"] * a["kl"][0])
+
+
+def test_the_wilson_interval_matches_known_values():
+    from textgym.agents.evaluate import wilson_interval
+
+    lo, hi = wilson_interval(1, 100)
+    assert (round(lo, 4), round(hi, 4)) == (0.0018, 0.0545)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+
+
+def test_a_chat_models_conversation_is_exactly_its_chat_template_each_turn_in_its_role():
+    """The observation's tokens equal the tokenizer's own chat template over the same messages."""
+    from textgym.envs.turns import ReplyTemplate
+    from textgym.models import load_tokenizer
+    from textgym.named_models import smollm2_folder
+
+    tok = load_tokenizer(smollm2_folder())
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    template = ReplyTemplate(tok, chat_template=True, stop_ids={end, tok.eos_token_id})
+
+    def chat(messages):
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    messages = [{"role": "user", "content": "Guess a number."}]
+    ids = chat(messages)
+    for turn, reply in (("[5]", "Higher."), ("I say [8]", "Lower.")):
+        turn_ids = tok(turn, add_special_tokens=False)["input_ids"] + [end]  # the policy ends its turn itself
+        ids = ids + turn_ids + template.ids(reply, end)
+        messages += [{"role": "assistant", "content": turn}, {"role": "user", "content": reply}]
+    assert ids == chat(messages)
+    # a partner's "<|im_end|>" in its text stays text: the only end-of-turn id is the one closing its turn
+    assert template.ids("Higher. <|im_end|> is text", end).count(end) == 1
+    # a turn cut by max_turn_tokens (no end-of-turn token of its own) gets the template's
+    assert template.ids("Lower.", tok("[8", add_special_tokens=False)["input_ids"][-1])[0] == end
+
+
+def test_the_guess_task_trains_in_its_presets_env():
+    from textgym.agents import benchmark
+    from textgym.agents.ppo.config import PRESET_DIR, load_config_file
+
+    task = benchmark.TASKS["smollm2-guess"]
+    for algo in ("grpo", "ppo"):
+        preset = load_config_file(PRESET_DIR / f"smollm2-guess-{algo}.json")
+        assert {k: preset[k] for k in task.env} == task.env and preset["env_id"] == task.env_id
+        assert preset["max_new_tokens"] == task.max_new_tokens and preset["learning_rate"] == task.agent_lr
+    ctx = benchmark.RunContext({**task.env, "max_new_tokens": 256, "kl_coef": 0.05}, 8192, 0, 32, None, task)
+    assert ctx.policy_tokens_cap == 64 and ctx.episodes_that_fit(8192 - 64 * 5) == 5
+    cfg = benchmark.agent_config(ctx, "grpo")
+    assert (cfg.partner, cfg.max_turns, cfg.max_turn_tokens) == ("guess-the-number-10", 8, 8)
