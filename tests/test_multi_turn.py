@@ -460,3 +460,13 @@ def test_the_guess_task_trains_in_its_presets_env():
     assert ctx.policy_tokens_cap == 64 and ctx.episodes_that_fit(8192 - 64 * 5) == 5
     cfg = benchmark.agent_config(ctx, "grpo")
     assert (cfg.partner, cfg.max_turns, cfg.max_turn_tokens) == ("guess-the-number-10", 8, 8)
+
+
+def test_the_calculator_tool_answers_a_call_and_a_turn_without_one_ends_the_episode():
+    env = make(partner="calculator", max_turn_tokens=24, max_new_tokens=80, reward_model=None)
+    base = env.unwrapped
+    call = base.tokenizer("<calc>2+3*4</calc>", add_special_tokens=False)["input_ids"] + [base.eos_token_id]
+    _, _, infos, done = play(env, call + [base.eos_token_id])
+    assert done and infos[len(call) - 1]["reply"] == "<result>14</result>"
+    assert [m["role"] for m in infos[-1]["conversation"]] == ["user", "assistant", "user", "assistant"]
+    assert infos[-1]["conversation"][2]["content"] == "<result>14</result>" and int(infos[-1]["turns"]) == 2
