@@ -470,3 +470,15 @@ def test_the_calculator_tool_answers_a_call_and_a_turn_without_one_ends_the_epis
     assert done and infos[len(call) - 1]["reply"] == "<result>14</result>"
     assert [m["role"] for m in infos[-1]["conversation"]] == ["user", "assistant", "user", "assistant"]
     assert infos[-1]["conversation"][2]["content"] == "<result>14</result>" and int(infos[-1]["turns"]) == 2
+
+
+def test_textgym_bench_offers_every_task():
+    import argparse
+
+    from textgym.agents import benchmark
+    from textgym.cli import build_parser
+
+    parser = build_parser()
+    bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    (task,) = [a for a in bench._actions if a.dest == "task"]
+    assert sorted(task.choices) == sorted(benchmark.TASKS)
