@@ -113,51 +113,56 @@ def collect_episodes(
         timing: if given, receives ``seconds`` (the whole loop) and ``policy_seconds``.
         reference_scoring: ``"episode"`` (π_ref once at each episode's end) or ``"step"`` (a cached forward
             per step): equal to 1e-5; default "episode", "step" for an env with ``action_mask_top_p``.
-        partner_seeds: with a partner (``TextMultiTurn-v0``), one partner seed per episode (a game's deal;
-            default: drawn by the slots' RNGs). Giving a seed G times, beside its prompt, makes a group on one game.
+        partner_seeds: with a partner (``TextMultiTurn-v0``), one seed per episode (a game's deal; default: the
+            slots' RNGs draw them). A seed given G times makes a group on one game.
 
     Returns:
         A TensorDict of batch size ``(B,)``, B = ``num_episodes``, T = ``max_new_tokens``,
         L = ``max_prompt_tokens + T``:
         ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
-        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)``, indexed by the
-        token's response column (column ``max_prompt_tokens + t`` of the observation); ``mask`` is True on the
-        policy's tokens: the whole response of a single-turn episode, the policy's turns of a conversation (a
-        partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the
-        policy returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the
-        missing-EOS penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``,
-        ``turns``, ``turn_reward_sum`` (the partner's rewards; 0 without one) ``(B,)``; ``prompt`` and
-        ``response`` text (non-tensor).
+        ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)`` by response
+        column (observation column ``max_prompt_tokens + t``); ``mask`` is True on the policy's tokens (a
+        partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the policy
+        returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS
+        penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``, ``turns``,
+        ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text.
     """
     _check_envs(envs)
     start = time.perf_counter()
     n, T = envs.num_envs, envs.unwrapped.max_new_tokens
     running = _start_mask(n, num_episodes)
     b = int(running.sum())
-    options: dict[str, Any] = {"reset_mask": running, **({"prompt": list(prompts)} if prompts is not None else {})}
-    if partner_seeds is not None:
-        options["partner_seed"] = list(partner_seeds)
+    options: dict[str, Any] = {"reset_mask": running}
+    for key, given in (("prompt", prompts), ("partner_seed", partner_seeds)):
+        if given is not None:
+            options[key] = list(given)
     policy.reset()
     obs = _reset(envs, seed, options, reference_scoring)
-    P = envs.unwrapped.max_prompt_tokens
     buf = _Buffers(n, T, obs["input_ids"].shape[1])
-    policy_seconds = 0.0
     with autocast():
-        while running.any():
-            tp = time.perf_counter()
-            actions, logps = policy.act(obs)
-            policy_seconds += time.perf_counter() - tp
-            actions = _as_numpy(actions).astype(np.int64)
-            column = obs["attention_mask"][:, P:].sum(1)  # the response column each action is written to
-            obs, reward, terminated, truncated, info = envs.step(actions)
-            buf.record_kept(running, column, getattr(policy, "last_kept", None))
-            ended = buf.record(running, column, actions, _as_numpy(logps), info["ref_logprob"], reward,
-                               terminated | truncated)  # fmt: skip
-            buf.finish(ended, obs, info)
-            running &= ~ended
+        policy_seconds = _step_until_done(envs, policy, obs, running, buf)
     if timing is not None:
         timing.update(seconds=time.perf_counter() - start, policy_seconds=policy_seconds)
     return buf.tensordict(b)
+
+
+def _step_until_done(envs, policy, obs: dict[str, np.ndarray], running: np.ndarray, buf: _Buffers) -> float:
+    """Step every ``running`` slot until its episode ends, recording each step into ``buf``; the policy's seconds."""
+    P = envs.unwrapped.max_prompt_tokens
+    policy_seconds = 0.0
+    while running.any():
+        tp = time.perf_counter()
+        actions, logps = policy.act(obs)
+        policy_seconds += time.perf_counter() - tp
+        actions = _as_numpy(actions).astype(np.int64)
+        column = obs["attention_mask"][:, P:].sum(1)  # the response column each action is written to
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        buf.record_kept(running, column, getattr(policy, "last_kept", None))
+        ended = buf.record(running, column, actions, _as_numpy(logps), info["ref_logprob"], reward,
+                           terminated | truncated)  # fmt: skip
+        buf.finish(ended, obs, info)
+        running &= ~ended
+    return policy_seconds
 
 
 def _reset(envs, seed: int | None, options: dict[str, Any], reference_scoring: str | None) -> dict[str, np.ndarray]:
