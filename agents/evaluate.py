@@ -162,6 +162,8 @@ def _rows(episodes, prompt_len: int) -> list[dict]:
         ids = episodes["input_ids"][i, prompt_len : prompt_len + T][episodes["mask"][i]]  # the policy's tokens
         rows.append({"prompt": episodes["prompt"][i], "response": episodes["response"][i], "kl": float(kl[i]),
                      "ids": ids.tolist(), **{k: episodes[k][i].item() for k in ROW_KEYS}})  # fmt: skip
+        if "transcript" in episodes.keys():  # a conversation's whole text, for the samples
+            rows[-1]["transcript"] = episodes["transcript"][i]
     return rows
 
 
@@ -318,7 +320,8 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     result["episodes"] = len(rows)
     result["samples"] = [
         {"prompt": r["prompt"], "response": r["response"], "score": float(r["score_reward"]),
-         "gold_score": float(r["gold_score"]), "kl": float(r["kl"])}
+         "gold_score": float(r["gold_score"]), "kl": float(r["kl"]),
+         **({"transcript": r["transcript"], "turn_reward_sum": r["turn_reward_sum"]} if "transcript" in r else {})}
         for r in rows[:8]
     ]  # fmt: skip
     return result

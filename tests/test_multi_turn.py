@@ -147,6 +147,10 @@ def test_the_collector_marks_the_policys_tokens_and_both_reference_modes_agree()
         cols = torch.nonzero(b["mask"][i]).squeeze(1)
         assert (cols.diff() > 1).sum() == 2  # two replies between three turns
         assert torch.equal(b["input_ids"][i, P + cols], b["action"][i, cols])
+    text = b["transcript"][0]  # the whole conversation, for reports and `textgym play`
+    assert text.startswith("user: ") and "\nassistant: " in text and "\nuser: reply 2\n" in text
+    single = make_episode_envs("TextRLHF-v0", 2, max_new_tokens=3, normalize_reward=False)
+    assert "transcript" not in collect_episodes(single, LMSampler.for_env(base.model, single)).keys()
     # the env reward sums to the episode's return: turn rewards + score + β Σ log π_ref
     ret = b["env_reward"].double().sum(1)
     expected = b["turn_reward_sum"] + b["score_reward"] + BETA * b["ref_logprob"].double().sum(1)

@@ -153,7 +153,10 @@ def cmd_play(args: argparse.Namespace) -> None:
         ep = done[0]
         kl = round(float(sequence_kl(done)[0]), 3) + 0.0  # no "-0.000"
         score = f" (normalised {float(ep['score_reward']):+.2f})" if normalised else ""
-        print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
+        if "transcript" in done.keys():  # a conversation: every turn, the partner's too
+            print(f"[{episode}] {done['transcript'][0]}".replace("\n", "\n     "))
+        else:
+            print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
         print(f"     rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  "
               f"tokens {int(ep['response_length'])}")  # fmt: skip
 

@@ -64,6 +64,11 @@ def sequence_kl(episodes: TensorDict) -> torch.Tensor:
     return ((episodes["sample_log_prob"] - episodes["ref_logprob"]) * episodes["mask"]).sum(1)
 
 
+def transcript(conversation: list[dict[str, str]]) -> str:
+    """A conversation's chat messages as text, one ``role: content`` block per message."""
+    return "\n".join(f"{m['role']}: {m['content']}" for m in conversation)
+
+
 def _as_numpy(x: Any) -> np.ndarray:
     return x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
 
@@ -125,7 +130,8 @@ def collect_episodes(
         partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the policy
         returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS
         penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``, ``turns``,
-        ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text.
+        ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
+        in a conversation its ``transcript`` (:func:`transcript`).
     """
     _check_envs(envs)
     start = time.perf_counter()
@@ -198,6 +204,7 @@ class _Buffers:
         self.final = {k: np.zeros(n, dtype=d) for k, d in FINAL_INFO_KEYS.items()}
         self.final.update({k: np.full(n, default, dtype=d) for k, (d, default) in TURN_INFO_KEYS.items()})
         self.text = {k: [""] * n for k in ("prompt", "response")}
+        self.transcript: list[str] | None = None  # a conversation's messages as text (TextMultiTurn-v0)
         self.kept: np.ndarray | None = None  # (n, T, W) packed kept sets of a truncating sampler
 
     def record_kept(self, running, column, kept) -> None:
@@ -235,6 +242,9 @@ class _Buffers:
                     self.final[key][s] = info[key][s]
             for key in self.text:
                 self.text[key][s] = info[key][s]
+            if "conversation" in info and info["_conversation"][s]:
+                self.transcript = self.transcript or [""] * len(self.mask)
+                self.transcript[s] = transcript(info["conversation"][s])
 
     def tensordict(self, b: int) -> TensorDict:
         data = {k: torch.as_tensor(v[:b]) for k, v in {**self.per_token, **self.obs, **self.final}.items()}
@@ -244,4 +254,6 @@ class _Buffers:
         td = TensorDict(data, batch_size=[b])
         for key, values in self.text.items():
             td[key] = NonTensorStack.from_list(values[:b])
+        if self.transcript is not None:
+            td["transcript"] = NonTensorStack.from_list(self.transcript[:b])
         return td
