@@ -373,6 +373,10 @@ def test_the_trainer_updates_on_the_policys_tokens_of_a_conversation(tmp_path, a
     assert all((torch.nonzero(m).squeeze(1).diff() > 1).sum() >= 1 for m in ep["mask"])  # replies between turns
     assert row["score"] == pytest.approx(float(ep["turn_reward_sum"].mean()))
     assert math.isfinite(row["policy_loss"]) and math.isfinite(row["kl"])
+    sample = t.samples()[0]
+    assert (
+        sample["score"] == pytest.approx(float(ep["turn_reward_sum"][0])) and sample["transcript"].count("user: ") == 3
+    )
     if algo == "grpo":  # a group is one game: the same partner seed, so the same opening and the same replies
         assert len(set(list(ep["prompt"])[:4])) == 1
 

@@ -315,13 +315,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ samples and evaluation
     def samples(self) -> list[dict[str, Any]]:
-        """The first ``num_samples`` episodes of the last rollout: prompt, response, scores and KL to π_ref."""
+        """The first ``num_samples`` episodes of the last rollout: prompt, response, scores (a conversation's with
+        its partner's rewards, as the ``score`` metric) and KL to π_ref; a conversation's ``transcript`` too."""
         ep = self.last_episodes
         k = min(self.cfg.num_samples, ep.batch_size[0])
         kl = sequence_kl(ep)  # (B,)
-        return [{"iteration": self.iteration_done, "prompt": ep["prompt"][i], "response": ep["response"][i],
-                 "rm_score": float(ep["rm_score"][i]), "score": float(ep["score_reward"][i]),
+        score = ep["score_reward"] + ep["turn_reward_sum"]
+        rows = [{"iteration": self.iteration_done, "prompt": ep["prompt"][i], "response": ep["response"][i],
+                 "rm_score": float(ep["rm_score"][i]), "score": float(score[i]),
                  "gold_score": float(ep["gold_score"][i]), "kl": float(kl[i])} for i in range(k)]  # fmt: skip
+        if "transcript" in ep.keys():
+            for i, row in enumerate(rows):
+                row["transcript"] = ep["transcript"][i]
+        return rows
 
     def evaluate(self) -> dict[str, float]:
         """The current policy on ``eval_episodes`` of the env's held-out prompts at the last rollout's β (``eval_*``).
