@@ -446,3 +446,34 @@ def test_a_game_that_cannot_find_or_fetch_its_data_at_reset_is_refused_naming_it
         game.reset(seed=0, prompt="")
     with pytest.raises(PartnerError, match=r"\(env slot 1\)\.reset raised ValueError: TextArena game 'TgNeedsData"):
         reset_checked(game, 0, "", timeout=5.0, slot=1)
+
+
+def test_guess_the_number_10_pays_wins_and_valid_guesses_not_a_near_miss():
+    """The built-in task: 0.1 per valid new guess, 1 more for the win, 0 for an invalid answer or a lost game."""
+    pytest.importorskip("textarena")
+    from textgym.partners import GuessTheNumber10, make_partner
+
+    game = make_partner("guess-the-number-10")()
+    assert isinstance(game, GuessTheNumber10)
+    opening = game.reset(seed=3, prompt="")
+    assert "between 1 and 10 within 4 turns" in opening
+    target = game._env.game_number
+    wrong = [g for g in range(1, 11) if g != target]
+    conversation = [{"role": "user", "content": opening}]
+    rewards = []
+    for answer in (f"[{wrong[0]}]", "no idea", f"[{wrong[1]}]", f"[{target}]"):
+        conversation = turn(conversation, answer)
+        text, reward, done = game.reply(conversation)
+        rewards.append(reward)
+        conversation = [*conversation, {"role": "user", "content": text}]
+    assert rewards == [0.1, 0.0, 0.1, 1.1] and done
+    game.reset(seed=3, prompt="")  # valid misses to the end (TextArena's turn check lets a fifth guess through):
+    conversation = [{"role": "user", "content": opening}]  # the game's own near-miss credit is not paid
+    for g in wrong[:5]:
+        conversation = turn(conversation, f"[{g}]")
+        text, reward, done = game.reply(conversation)
+        conversation = [*conversation, {"role": "user", "content": text}]
+    assert (reward, done) == (0.1, True)
+    game.reset(seed=3, prompt="")  # two invalid answers in a row end the game with nothing
+    conversation = turn(turn([{"role": "user", "content": opening}], "x"), "y")
+    assert game.reply(conversation[:2])[1] == 0.0 and game.reply(conversation)[1:] == (0.0, True)
