@@ -311,7 +311,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
         # a game's win (TextArena's single-player games pay 1 for it, less for a loss): a game's success rate
         wins = int(sum(r["turn_reward_sum"] >= 1.0 for r in rows))
         result["success"] = wins / len(rows)
-        result["success_ci95"] = wilson_interval(wins, len(rows))
+        result["success_ci95"] = list(wilson_interval(wins, len(rows)))  # a list: the tuples are (mean, std)
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
@@ -337,7 +337,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 
 def format_eval(name: str, result: dict) -> str:
-    parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple) and k != "success_ci95"]
+    parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple)]
     if "success" in result:  # a game's wins, with their 95 % interval
         parts += ["success {:.3f} [{:.3f}, {:.3f}]".format(result["success"], *result["success_ci95"])]
     parts += [f"distinct-2 {result['distinct_2']:.3f}"]

@@ -417,7 +417,7 @@ def test_evaluate_plays_held_out_partner_seeds_the_same_for_every_policy_and_rep
     held_out = [s for s in seen if s >= 2**30]
     assert sorted(held_out) == [2**30 + i for i in range(6)] and sorted(Counter.seeds[-6:]) == sorted(held_out)
     assert a["success"] == 0.5 and a["turns"][0] == 2.0 and a["turn_reward_sum"][0] == pytest.approx(0.625)
-    assert a["success_ci95"] == wilson_interval(3, 6) and "success 0.500 [" in format_eval("pi_ref", a)
+    assert a["success_ci95"] == list(wilson_interval(3, 6)) and "success 0.500 [" in format_eval("pi_ref", a)
     assert a["objective"][0] == pytest.approx(0.625 - a["kl_coef"] * a["kl"][0])
 
 
@@ -490,3 +490,14 @@ def test_textgym_bench_offers_every_task():
     bench = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
     (task,) = [a for a in bench._actions if a.dest == "task"]
     assert sorted(task.choices) == sorted(benchmark.TASKS)
+
+
+def test_the_guess_bench_runs_its_reference_row_on_held_out_games(tmp_path):
+    pytest.importorskip("textarena")
+    from textgym.agents.benchmark import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(task="smollm2-guess", algos=["reference"], seeds=[0], budget=8, num_envs=2, eval_episodes=2,
+                      calibration_episodes=2, out=str(tmp_path / "bench"))  # fmt: skip
+    (row,) = run_benchmark(cfg)
+    assert row["turns"] >= 1 and 0 <= row["turn_reward_sum"] <= 1.5 and math.isfinite(row["score"])
+    assert row["score"] == row["turn_reward_sum"] and row["success"] in (0.0, 0.5, 1.0)
