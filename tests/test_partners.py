@@ -127,7 +127,11 @@ def test_the_builtin_calculator_by_name():
     "spec, error, match",
     [
         (42, TypeError, r"partner=42 \(int\) is not a partner; expected a partner class, an object with a reply"),
-        ("nope", ValueError, r"partner='nope' is not a registered partner \(calculator\), 'textarena:<GameId>'"),
+        (
+            "nope",
+            ValueError,
+            r"partner='nope' is not a registered partner \(calculator, guess-the-number-10\), 'textarena:<GameId>'",
+        ),
         ("nomodule_xyz:attr", ValueError, r"partner='nomodule_xyz:attr': module 'nomodule_xyz' cannot be imported"),
         (int, TypeError, r"partner=<class 'int'> built int, which has no reply\(\) method"),
     ],
