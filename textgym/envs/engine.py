@@ -409,7 +409,6 @@ class Engine:
         idx_t = torch.as_tensor(np.flatnonzero(stepped), device=self.device)
         ref_lp[stepped] = (self.next_logits[idx_t, acts[idx_t]] - self.next_lse[idx_t]).double().cpu().numpy()
         ref_lp[live & self.deferred] = np.nan  # known at the episode's end (info["ref_logprobs"])
-        snapshot = self.turns.snapshot(idx) if self.turns is not None else None
         col = self.max_prompt_tokens + self.length[idx]
         self._write(idx, actions[idx], policy=True)
         # The length cap is a terminal state of this MDP, not an outside time limit: the observation
@@ -421,8 +420,9 @@ class Engine:
         capped[idx] = ~stopped[idx] & (self.length[idx] >= self.max_new_tokens)
         done_before = self.done.copy()
         reward = np.where(stepped, self.kl_coef * ref_lp, 0.0)
+        snapshot = None  # the conversations a turn ended in, as they were: restored if the step fails after them
         try:
-            ended, replies, turn = self._end_turns(idx, stopped, capped, reward)
+            ended, replies, turn, snapshot = self._end_turns(idx, stopped, capped, reward)
             self.done |= ended
             with self._reference_forward():  # π_ref and the reward models in their own dtypes
                 final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
@@ -436,6 +436,8 @@ class Engine:
             self.input_ids[idx, col] = self.pad_id
             self.attention_mask[idx, col] = 0
             self.done = done_before
+            if self.turns is not None:
+                self.turns.policy_mask[idx, col - self.max_prompt_tokens] = False
             if snapshot is not None:
                 self.turns.restore(snapshot)
             raise
@@ -462,37 +464,40 @@ class Engine:
         self.attention_mask[s, start : start + k] = 1
         self.length[s] += k
 
-    def _end_turns(self, idx: np.ndarray, stopped: np.ndarray, capped: np.ndarray,
-                   reward: np.ndarray) -> tuple[np.ndarray, dict[int, list[int]], dict[int, dict]]:  # fmt: skip
+    def _end_turns(
+        self, idx: np.ndarray, stopped: np.ndarray, capped: np.ndarray, reward: np.ndarray
+    ) -> tuple[np.ndarray, dict[int, list[int]], dict[int, dict], dict | None]:
         """Which slots end their episode on this step, the replies to write after it, and the turn infos.
 
         Without a partner an episode is one turn: a stop token or the cap ends it. With one, a stop token
         or ``max_turn_tokens`` ends the policy's turn; its partner answers, its reward is paid on this step,
         and the episode ends if the partner says done, at ``max_turns``, or when its reply would leave no
         column for the policy's next token (the conversation's cap). The reply's tokens are returned, to be
-        written once the step has succeeded.
+        written once the step has succeeded, with the ended turns' conversations as they were (``Turns.snapshot``).
         """
         if self.turns is None:
-            return stopped | capped, {}, {}
+            return stopped | capped, {}, {}, None
         P, turns = self.max_prompt_tokens, self.turns
         ending = idx[(stopped[idx] | turns.turn_capped(idx, self.length)) & ~capped[idx]]
         texts = [self._turn_text(s) for s in ending]
         answers = turns.ask(ending, texts)
         over = turns.over(ending, answers)
+        last = self.length[ending] - 1  # each turn's last token: its column in the response block
+        reply_ids = [None if over[k] else turns.template.ids(answers[k][0], int(self.input_ids[s, P + last[k]]))
+                     for k, s in enumerate(ending)]  # fmt: skip
+        snapshot = turns.snapshot(ending)  # from here on the conversations change
         ended, replies, infos = capped.copy(), {}, {}
         for k, s in enumerate(ending):
-            s = int(s)
-            last = int(self.length[s]) - 1  # the turn's last token: its column in the response block
-            ids = None if over[k] else turns.template.ids(answers[k][0], int(self.input_ids[s, P + last]))
+            s, ids = int(s), reply_ids[k]
             if ids is not None and self.length[s] + len(ids) >= self.max_new_tokens:
                 ids = None  # no room left for the policy to speak: the conversation's cap ends the episode
             ended[s] = ids is None
             reward[s] += answers[k][1]
-            turns.commit(s, texts[k], answers[k], last, ids)
+            turns.commit(s, texts[k], answers[k], int(last[k]), ids)
             if ids is not None:
                 replies[s] = ids
             infos[s] = {"turn_reward": np.float64(answers[k][1]), "reply": answers[k][0]}
-        return ended, replies, infos
+        return ended, replies, infos, snapshot
 
     def _turn_text(self, slot: int) -> str:
         """The text of the policy's current turn in ``slot`` (its stop token left out)."""
