@@ -63,13 +63,13 @@ def check_vocabulary(model: Any, vocab_size: int, tokenizer) -> None:
         )
 
 
-def check_timeout(value: Any) -> float | None:
-    """``reward_timeout`` as seconds > 0, or None (no limit)."""
+def check_timeout(value: Any, name: str = "reward_timeout") -> float | None:
+    """``name`` (``reward_timeout``, ``partner_timeout``) as seconds > 0, or None (no limit)."""
     if value is None:
         return None
     real = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
     if not real or not np.isfinite(value) or value <= 0:
-        raise ValueError(f"reward_timeout={value!r} must be a finite float > 0 (seconds) or None (no limit)")
+        raise ValueError(f"{name}={value!r} must be a finite float > 0 (seconds) or None (no limit)")
     return float(value)
 
 

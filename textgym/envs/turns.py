@@ -87,7 +87,7 @@ class Turns:
                  partner_timeout: float | None = None):  # fmt: skip
         self.max_turns = None if max_turns is None else check_int("max_turns", max_turns, 1)
         self.max_turn_tokens = None if max_turn_tokens is None else check_int("max_turn_tokens", max_turn_tokens, 1)
-        self.timeout = _check_partner_timeout(partner_timeout)
+        self.timeout = check_timeout(partner_timeout, "partner_timeout")
         from textgym.partners import make_partner  # a single-turn env never imports the partners
 
         factory = make_partner(partner, "partner")
@@ -175,11 +175,3 @@ def _partners():
     import textgym.partners
 
     return textgym.partners
-
-
-def _check_partner_timeout(value: Any) -> float | None:
-    """``partner_timeout`` as seconds > 0, or None (no limit)."""
-    try:
-        return check_timeout(value)
-    except ValueError:
-        raise ValueError(f"partner_timeout={value!r} must be a finite float > 0 (seconds) or None (no limit)") from None
