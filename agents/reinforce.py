@@ -14,10 +14,10 @@ import torch
 
 import textgym  # noqa: F401
 from textgym.episodes import collect_episodes, make_episode_envs
-from textgym.functional import gather_logprobs, masked_mean
+from textgym.functional import masked_mean
 from textgym.policies import LMSampler
 
-from .ppo.models import TokenLogits, TokenValues, make_actor, make_critic
+from .ppo.models import TokenLogProbs, TokenValues, make_actor, make_critic
 from .ppo.rollout import per_token_rewards, sequence_batch
 
 __all__ = ["Reinforce", "reinforce_loss"]
@@ -76,7 +76,7 @@ class Reinforce:
         beta = base.kl_coef
         reward, log_ratio = per_token_rewards(d["env_reward"], d["sample_log_prob"], d["ref_logprob"], mask, beta, beta)
         P = base.max_prompt_tokens
-        logp = gather_logprobs(TokenLogits(self.policy, P)(d["sequence"], d["sequence_mask"]), d["action"])
+        logp, _, _ = TokenLogProbs(self.policy, P)(d["sequence"], d["sequence_mask"], mask)  # the actions' only
         values = TokenValues(self.critic, P)(d["sequence"], d["sequence_mask"])[..., 0]  # ONE forward each
         loss = reinforce_loss(logp, values, reward, mask)
         self.optimizer.zero_grad(set_to_none=True)

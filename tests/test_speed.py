@@ -35,7 +35,7 @@ def test_trim_columns_cuts_to_the_longest_response_and_keeps_every_valid_token(t
     assert torch.equal(trimmed["sequence"][:, 0], data["sequence"][:, 0, : P + 5])
 
 
-def test_trimmed_logits_and_values_equal_the_full_width_ones(tmp_path):
+def test_trimmed_logprobs_and_values_equal_the_full_width_ones(tmp_path):
     """Causal attention: the columns after every row's end change nothing before them."""
     t, data = _rollout(tmp_path, max_new_tokens=16, num_envs=8)
     P = t.envs.unwrapped.max_prompt_tokens
@@ -44,8 +44,8 @@ def test_trimmed_logits_and_values_equal_the_full_width_ones(tmp_path):
     from textgym.agents.ppo.models import TokenValues
 
     with torch.no_grad():
-        full = t.actor_logits(data["sequence"], data["sequence_mask"])[:, :6]
-        cut = t.actor_logits(trimmed["sequence"], trimmed["sequence_mask"])
+        full = t.actor_logprobs(data["sequence"], data["sequence_mask"], data["mask"])[0][:, :6]
+        cut = t.actor_logprobs(trimmed["sequence"], trimmed["sequence_mask"], trimmed["mask"])[0]
         values = TokenValues(t.critic, P)
         v_full = values(data["sequence"], data["sequence_mask"])[:, :6]
         v_cut = values(trimmed["sequence"], trimmed["sequence_mask"])
@@ -54,7 +54,10 @@ def test_trimmed_logits_and_values_equal_the_full_width_ones(tmp_path):
 
 
 def test_the_lm_head_runs_on_the_response_columns_only_and_gives_the_full_forwards_logits():
-    """A left-padded prompt needs no vocabulary logits: before, the head ran (and back-propagated) on all L columns."""
+    """A left-padded prompt needs no vocabulary logits: before, the head ran (and back-propagated) on all L columns.
+
+    ``response_logprobs`` runs the forward's own head on one column (``logits_to_keep=1``) and its chunked head
+    (textgym.token_logprobs) on the response's hidden states; ``response_logits`` keeps the T + 1 last columns."""
     from textgym.models import response_logits, response_logprobs
 
     model = load_causal_lm(None)
@@ -76,7 +79,7 @@ def test_the_lm_head_runs_on_the_response_columns_only_and_gives_the_full_forwar
         wrapped = response_logits(torch.nn.DataParallel(model), ids, mask, 8)
     finally:
         hook.remove()
-    assert head_rows == [13, 20, 20, 13]  # T + 1 = 20 - 8 + 1 columns for the response, all 20 where no cut is asked
+    assert head_rows == [1, 20, 20, 13]  # 1; all 20 where no cut is asked; T + 1 = 20 - 8 + 1 for the response
     expected = torch.log_softmax(full[:, 7:-1], -1).gather(-1, ids[:, 8:, None]).squeeze(-1)
     torch.testing.assert_close(logp, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(no_keep, full[:, 7:-1], atol=1e-6, rtol=1e-6)

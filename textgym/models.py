@@ -35,6 +35,7 @@ from textgym.assets import (
 )
 from textgym.functional import position_ids_from_mask
 from textgym.named_models import resolve_named_model
+from textgym.token_logprobs import policy_logprobs
 
 __all__ = [
     "CachedDecoder",
@@ -576,7 +577,7 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Teacher-forced log-probs of every response token in ONE forward pass.
+    """Teacher-forced log-probs of every response token in ONE forward pass and a chunked LM head.
 
     Takes the environment's observation layout: the prompt left-padded into the first
     ``prompt_len`` columns, response token k at column ``prompt_len + k``.
@@ -592,9 +593,4 @@ def response_logprobs(
         ``(B, T)`` log-probs, T = L − prompt_len, and ``(B, T)`` entropies or None. Positions
         past a response's end hold values of padding; mask them with ``attention_mask[:, prompt_len:]``.
     """
-    logits = response_logits(model, input_ids, attention_mask, prompt_len).float() / temperature  # (B, T, V)
-    logp = torch.log_softmax(logits, dim=-1)
-    tokens = input_ids[:, prompt_len:]  # (B, T)
-    token_logp = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else None
-    return token_logp, entropy
+    return policy_logprobs(model, input_ids, attention_mask, prompt_len, None, temperature, with_entropy=with_entropy)

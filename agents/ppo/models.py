@@ -19,20 +19,22 @@ import logging
 import torch
 from tensordict.nn import TensorDictModule
 from torch import nn
+from torch.distributions import Distribution
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
 from textgym.episodes import make_episode_envs
-from textgym.functional import position_ids_from_mask, unpack_mask
-from textgym.models import quiet_peft, response_logits, use_fp32_attention
-from textgym.policies import restrict_logits
+from textgym.functional import masked_mean, position_ids_from_mask
+from textgym.models import quiet_peft, use_fp32_attention
+from textgym.token_logprobs import cut_prompt_block, policy_logprobs
 
 from .config import PPOConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TokenLogits",
+    "ActionLogProb",
+    "TokenLogProbs",
     "TokenValues",
     "make_actor",
     "make_critic",
@@ -50,14 +52,15 @@ def _first_step(seq: torch.Tensor) -> torch.Tensor:
     return seq[:, 0] if seq.dim() == 3 else seq
 
 
-class TokenLogits(nn.Module):
-    """Wraps the whole policy LM: the logits of every response token from one teacher-forced forward.
+class TokenLogProbs(nn.Module):
+    """Wraps the whole policy LM: log π_θ(a_t | s_t) of every policy token from one teacher-forced forward.
 
-    Returns ``(B, T, V)`` logits (divided by the sampling temperature): the logit at column
-    ``P − 1 + t`` is the distribution of response token t (the off-by-one between logits and
-    tokens). Given ``kept`` ``(B, T, W)``, the packed top-k/top-p sets the sampler drew each token
-    from, the logits outside them are at the lowest float: the update's distribution is the
-    sampler's, the sampled token always inside it.
+    Returns ``(B, T)`` log-probs and entropies (of the tempered distribution; 0 where ``mask`` is
+    False) and the ``(B, T)`` tokens they are of (−1 elsewhere). Only the positions whose next token is
+    a policy action meet the LM head, in chunks (:func:`textgym.token_logprobs.policy_logprobs`): no
+    ``(B, T, V)`` tensor is formed, the prompt block, padding and a partner's reply cost no head. Given
+    ``kept`` ``(B, T, W)``, the packed top-k/top-p sets the sampler drew each token from, the
+    distribution is restricted to them: the update's distribution is the sampler's.
     """
 
     def __init__(self, model: nn.Module, prompt_len: int, temperature: float = 1.0):
@@ -66,18 +69,44 @@ class TokenLogits(nn.Module):
         self.prompt_len = prompt_len
         self.temperature = temperature
 
-    def forward(
-        self, sequence: torch.Tensor, sequence_mask: torch.Tensor, kept: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        ids, mask = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
-        logits = response_logits(self.model, ids, mask, self.prompt_len).float() / self.temperature  # (B, T, V)
-        if kept is None:
-            return logits
-        return restrict_logits(logits, unpack_mask(kept, logits.shape[-1]))
+    def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor, mask: torch.Tensor,
+                kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+        ids, attn = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
+        select = mask.bool()  # (B, T)
+        logp, entropy = policy_logprobs(self.model, ids, attn, self.prompt_len, select, self.temperature, kept,
+                                        with_entropy=True)  # fmt: skip
+        tokens = torch.where(select, ids[:, self.prompt_len :], -1)
+        return logp, entropy, tokens
+
+
+class ActionLogProb(Distribution):
+    """The update's distribution seen through the one thing PPO asks of it: log π_θ of the action taken.
+
+    TorchRL's ``ClipPPOLoss`` calls ``get_dist(td).log_prob(action)``; a ``Categorical`` over the
+    logits would need all (B, T, V) of them. This holds the log-probs :class:`TokenLogProbs` computed
+    for the sequence's tokens, and refuses an action that is not those tokens.
+    """
+
+    arg_constraints: dict = {}
+
+    def __init__(self, log_prob: torch.Tensor, token: torch.Tensor):
+        self._log_prob, self._token = log_prob, token
+        super().__init__(batch_shape=log_prob.shape, validate_args=False)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        computed = self._token >= 0
+        if value.shape != self._token.shape or not torch.equal(value[computed], self._token[computed]):
+            raise ValueError(f"action of shape {tuple(value.shape)} is not the sequence's tokens "
+                             f"{tuple(self._token.shape)} the log-probs were computed for")  # fmt: skip
+        return self._log_prob
 
 
 class TokenValues(nn.Module):
-    """Wraps the whole critic: V(s_t) for every response position from one forward of a token-classification model."""
+    """Wraps the whole critic: V(s_t) for every response position from one forward of a token-classification model.
+
+    The prompt block is cut to the batch's longest prompt first (exact: see
+    :func:`textgym.token_logprobs.cut_prompt_block`); the value head is one scalar per column.
+    """
 
     def __init__(self, model: nn.Module, prompt_len: int):
         super().__init__()
@@ -85,10 +114,10 @@ class TokenValues(nn.Module):
         self.prompt_len = prompt_len
 
     def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor) -> torch.Tensor:
-        ids, mask = _first_step(sequence), _first_step(sequence_mask)
+        ids, mask, p = cut_prompt_block(_first_step(sequence), _first_step(sequence_mask), self.prompt_len)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
-        # state s_t ends at column P - 1 + t, like the logits of token t
-        return out.logits[:, self.prompt_len - 1 : -1].float()  # (B, T, 1)
+        # state s_t ends at column p - 1 + t, like the log-prob of token t
+        return out.logits[:, p - 1 : -1].float()  # (B, T, 1)
 
 
 def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict | None = None):
@@ -200,24 +229,23 @@ def make_loss(
     clip_value: float | None,
     critic_coef: float,
     truncated: bool = False,
-) -> tuple[ClipPPOLoss, TokenLogits]:
-    """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt and padding.
+) -> tuple[ClipPPOLoss, TokenLogProbs]:
+    """TorchRL's ``ClipPPOLoss`` over the sequence layout; ``"mask"`` excludes prompt, padding and a partner's tokens.
 
     Without a critic (GRPO, RLOO: the advantages come from groups) it is the clipped surrogate alone.
     ``truncated``: the rollout sampled top-k/top-p; the actor reads each token's kept set (``"kept"``).
 
-    Returns the loss and its :class:`TokenLogits` (hook it to read the logits of the last call, for
-    :func:`ppo_diagnostics` — ClipPPOLoss masks its ``loss_*`` terms, not its diagnostics — and
-    for a loss-side KL term, which needs their gradient).
+    Returns the loss and its :class:`TokenLogProbs` (hook it to read the log-probs and entropies of the
+    last call, for :func:`ppo_diagnostics` — ClipPPOLoss masks its ``loss_*`` terms, not its
+    diagnostics — and for a loss-side KL term, which needs their gradient).
     """
-    from torch.distributions import Categorical
-
-    head = TokenLogits(policy, prompt_len, temperature)
+    head = TokenLogProbs(policy, prompt_len, temperature)
+    keys = ["sequence", "sequence_mask", "mask", *(["kept"] if truncated else [])]
     actor = ProbabilisticActor(
-        TensorDictModule(head, ["sequence", "sequence_mask", *(["kept"] if truncated else [])], ["logits"]),
-        in_keys=["logits"],
-        distribution_class=Categorical,
-        return_log_prob=True,
+        TensorDictModule(head, keys, ["token_log_prob", "token_entropy", "token_id"]),
+        in_keys={"log_prob": "token_log_prob", "token": "token_id"},
+        distribution_class=ActionLogProb,
+        return_log_prob=False,
     )
     value = None
     if critic is not None:
@@ -240,21 +268,18 @@ def make_loss(
 
 @torch.no_grad()
 def ppo_diagnostics(
-    logits: torch.Tensor, action: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor, clip_epsilon: float
+    logprob: torch.Tensor, entropy: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor, clip_epsilon: float
 ) -> dict[str, float]:
     """approx_kl, clip_fraction and entropy over the valid tokens only.
 
     Args:
-        logits: ``(B, T, V)`` current policy logits; action, old_logprob, mask: ``(B, T)``.
+        logprob, entropy: ``(B, T)`` the current policy's log-probs of the actions and entropies
+            (:class:`TokenLogProbs`); old_logprob, mask: ``(B, T)``.
 
     approx_kl is E[(ρ − 1) − log ρ] (the k3 estimate of KL(π_old ‖ π_θ), as in CleanRL/TRL).
     """
-    from textgym.functional import masked_mean
-
-    logp_all = torch.log_softmax(logits.float(), dim=-1)
-    log_ratio = logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1) - old_logprob
+    log_ratio = logprob.detach() - old_logprob
     ratio = log_ratio.exp()
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
     return {
         "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),
         "clip_fraction": masked_mean(((ratio - 1).abs() > clip_epsilon).float(), mask).item(),

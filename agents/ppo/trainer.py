@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from textgym.episodes import sequence_kl
-from textgym.functional import gather_logprobs, kl_penalty, masked_mean
+from textgym.functional import kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler
 from textgym.threads import use_threads
@@ -36,7 +36,7 @@ from .calibration import run_norm
 from .config import PPOConfig
 from .guards import check_finite, check_finite_weights
 from .kl import make_kl_controller
-from .models import TokenLogits, make_envs, make_loss, make_policy, ppo_diagnostics, trainable
+from .models import TokenLogProbs, make_envs, make_loss, make_policy, ppo_diagnostics, trainable
 from .rollout import per_token_rewards, sampler_mismatch, sequence_batch, trim_columns
 from .sources import make_rollouts
 
@@ -53,7 +53,7 @@ class Trainer:
     critic: torch.nn.Module | None  # None for the critic-free GRPO and RLOO
     estimator: Any  # the advantages: CriticGAE (PPO) or GroupBaseline (GRPO, RLOO)
     loss: Any
-    actor_logits: TokenLogits
+    actor_logprobs: TokenLogProbs
     optimizer: torch.optim.Optimizer
     kl_ctl: Any
     sampler: LMSampler
@@ -62,7 +62,7 @@ class Trainer:
     episodes_done: int = 0
     env_steps: int = 0  # tokens generated in training episodes: what every algorithm is charged
     last_beta: float = 0.0  # β of the last rollout: the objective the current policy was updated on
-    _last_logits: list = field(default_factory=list)  # the policy logits of the last loss call
+    _last_logprobs: list = field(default_factory=list)  # (log-probs, entropies, tokens) of the last loss call
     lr_factor: Any = None  # iteration -> learning-rate multiplier (warmup, then the schedule's decay)
     env_overrides: dict = field(default_factory=dict)  # gym.make arguments beyond the config's (the benchmark's)
     last_episodes: Any = None  # the last rollout's episodes (for the logged samples)
@@ -95,7 +95,7 @@ class Trainer:
         critic = estimator.critic  # GRPO/RLOO: none
         # under torchrun the loss calls the models through DDP (gradients all-reduced); saved are the bare ones
         truncated = cfg.top_k is not None or cfg.top_p is not None  # the update reads the sampler's kept sets
-        loss, actor_logits = make_loss(distributed.wrap(policy, device), distributed.wrap(critic, device),
+        loss, actor_logprobs = make_loss(distributed.wrap(policy, device), distributed.wrap(critic, device),
                                        base.max_prompt_tokens, cfg.temperature, cfg.clip_epsilon, cfg.clip_value,
                                        cfg.critic_coef, truncated)  # fmt: skip
         groups = [{"params": trainable(policy), "lr": cfg.learning_rate}]
@@ -107,10 +107,10 @@ class Trainer:
         sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator, top_k=cfg.top_k,
                                     top_p=cfg.top_p)  # fmt: skip
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
-        trainer = cls(cfg, envs, policy, critic, estimator, loss, actor_logits, optimizer, kl_ctl, sampler, device,
+        trainer = cls(cfg, envs, policy, critic, estimator, loss, actor_logprobs, optimizer, kl_ctl, sampler, device,
                       last_beta=kl_ctl.value, lr_factor=lr_schedule(cfg),
                       env_overrides=dict(env_overrides or {}))  # fmt: skip
-        actor_logits.register_forward_hook(lambda module, inputs, output: trainer._last_logits.append(output))
+        actor_logprobs.register_forward_hook(lambda module, inputs, output: trainer._last_logprobs.append(output))
         if distributed.is_main():  # rank 0 collects every rollout
             trainer.rollouts = make_rollouts(cfg, envs, trainer.autocast, trainer.env_overrides, device, trainer.bf16)
         return trainer
@@ -212,21 +212,24 @@ class Trainer:
 
     @torch.no_grad()
     def _old_logprobs(self, data) -> torch.Tensor:
-        """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing in minibatches of the update's size, fp32 log-softmax."""
+        """log π_old(a_t|s_t) ``(B, T)`` by teacher forcing in minibatches of the update's size, fp32 log-softmax
+        over the policy's tokens only (:class:`.models.TokenLogProbs`)."""
         out = []
         batch = data.batch_size[0]
         minibatches = torch.tensor_split(torch.arange(batch, device=self.device), min(self.cfg.num_minibatches, batch))
         with self.autocast():  # one region: the weights do not change here, so autocast casts them to bf16 once
             for rows in minibatches:
                 mb = data[rows]
-                logits = self.actor_logits(mb["sequence"], mb["sequence_mask"], mb.get("kept", None))  # (b, T, V)
-                out.append(gather_logprobs(logits, mb["action"]))
-        self._last_logits.clear()
+                logp, _, _ = self.actor_logprobs(
+                    mb["sequence"], mb["sequence_mask"], mb["mask"], mb.get("kept", None)
+                )  # (b, T)
+                out.append(logp)
+        self._last_logprobs.clear()
         return torch.cat(out) * data["mask"]
 
     def _kl_loss(self, mb, beta: float) -> torch.Tensor:
         """β·mean_t k(log π_θ, log π_ref) over valid tokens, with its gradient (``k2_loss``/``k3_loss``)."""
-        logp = gather_logprobs(self._last_logits[-1], mb["action"])  # (b, T), differentiable
+        logp = self._last_logprobs[-1][0]  # (b, T), differentiable
         per_token = kl_penalty(logp, mb["ref_logprob"], self.cfg.kl_penalty.removesuffix("_loss"))
         return beta * masked_mean(per_token, mb["mask"])
 
@@ -252,7 +255,7 @@ class Trainer:
                     sums[key] = sums.get(key, 0.0) + value
             if cfg.early_stop_kl is not None and sum(epoch_kl) / len(epoch_kl) > cfg.early_stop_kl:
                 break  # CleanRL's target_kl: the policy moved far enough from π_old on this rollout
-        self._last_logits.clear()
+        self._last_logprobs.clear()
         return {**{k: v / n_updates for k, v in sums.items()}, "ppo_epochs_run": epochs_run, "learning_rate": lr}
 
     def _minibatch_step(self, mb, beta: float) -> dict[str, float]:
@@ -263,7 +266,7 @@ class Trainer:
         """
         cfg = self.cfg
         mb, weight = self._rank_share(mb)
-        self._last_logits.clear()
+        self._last_logprobs.clear()
         with self.autocast():
             out = self.loss(mb)
         total = out["loss_objective"] + out.get("loss_critic", 0.0)
@@ -282,8 +285,8 @@ class Trainer:
         check_finite({**losses, **grad_norms}, self.iteration_done + 1, "the update")
         self.optimizer.step()
         # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
-        diag = ppo_diagnostics(self._last_logits[-1], mb["action"], mb["sample_log_prob"], mb["mask"],
-                               cfg.clip_epsilon)  # fmt: skip
+        logp, entropy, _ = self._last_logprobs[-1]
+        diag = ppo_diagnostics(logp, entropy, mb["sample_log_prob"], mb["mask"], cfg.clip_epsilon)
         diag["policy_loss"] = out["loss_objective"].item()
         if "loss_critic" in out.keys():
             diag["value_loss"] = out["loss_critic"].item()

@@ -38,9 +38,9 @@ from textgym.models import (
     load_tokenizer,
     pad_id_for,
     resolve_device,
-    response_logits,
 )
 from textgym.rewards import Episodes, make_reward_model, score_checked
+from textgym.token_logprobs import policy_logprobs
 from textgym.utils import short_repr
 
 __all__ = ["DEFAULT_KL_COEF", "REFERENCE_SCORING", "Engine"]
@@ -49,7 +49,7 @@ DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI
 # When π_ref scores a token: at its step (a cached forward per step, Gymnasium's per-step reward) or
 # once the episode ends (one teacher-forced forward over the finished episodes; what the collectors use)
 REFERENCE_SCORING = ("step", "episode")
-_TEACHER_FORCED_LOGITS = 2**26  # logits per teacher-forced chunk (256 MiB of fp32): bounds the pass's memory
+_TEACHER_FORCED_ROWS = 64  # episodes per teacher-forced forward: bounds the body's activations (the head is chunked)
 _PROBED_OPENINGS = 4  # partner seeds whose openings size the prompt block when max_prompt_tokens is not given
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
@@ -597,29 +597,26 @@ class Engine:
         """log π_ref(a_t|s_t) of every response token of the finished ``slots``, in teacher-forced forwards.
 
         The observation holds the whole episode, so one forward over it gives every token's π_ref
-        log-prob at once (causal attention: column c sees columns ≤ c, as the cached step did). Rows
-        go in chunks that bound the logits' memory; columns start at the chunk's longest prompt (the
-        padding left of it is masked anyway) and stop at its longest response.
+        log-prob at once (causal attention: column c sees columns ≤ c, as the cached step did). The LM
+        head runs on the policy's tokens only, in chunks (:func:`textgym.token_logprobs.policy_logprobs`:
+        a partner's reply, the prompt block and padding never meet it); rows go in groups whose columns
+        start at the group's longest prompt and stop at its longest response.
 
         Returns:
-            ``{slot: (length,) float64}``.
+            ``{slot: (length,) float64}``, 0 on a partner's tokens.
         """
         out: dict[int, np.ndarray] = {}
-        if slots.size == 0:
-            return out
         P = self.max_prompt_tokens
-        lengths = self.length[slots]
-        rows = max(1, _TEACHER_FORCED_LOGITS // ((int(lengths.max()) + 1) * self.vocab_size))
-        for i in range(0, len(slots), rows):
-            chunk, width = slots[i : i + rows], int(lengths[i : i + rows].max())
-            prompt = int(self.attention_mask[chunk, :P].sum(1).max())  # the chunk's longest prompt, as in prefill
-            cols = slice(P - prompt, P + width)
-            ids = torch.as_tensor(self.input_ids[chunk, cols], device=self.device)  # (k, prompt + width)
-            mask = torch.as_tensor(self.attention_mask[chunk, cols], device=self.device)
+        for i in range(0, len(slots), _TEACHER_FORCED_ROWS):
+            chunk = slots[i : i + _TEACHER_FORCED_ROWS]
+            width = int(self.length[chunk].max())
+            ids = torch.as_tensor(self.input_ids[chunk, : P + width], device=self.device)  # (k, P + width)
+            mask = torch.as_tensor(self.attention_mask[chunk, : P + width], device=self.device)
+            select = torch.as_tensor(np.stack([np.pad(self._policy_columns(s), (0, width - self.length[s]))
+                                               for s in chunk]) > 0, device=self.device)  # (k, width)  # fmt: skip
             with self.decoder.context():
-                logits = response_logits(self.model, ids, mask, prompt)[..., : self.vocab_size].float()  # (k, width, V)
-            logp = logits.gather(-1, ids[:, prompt:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (k, width)
-            logp = logp.double().cpu().numpy()  # one copy to the host for the chunk
+                logp, _ = policy_logprobs(self.model, ids, mask, P, select, vocab_size=self.vocab_size)  # (k, width)
+            logp = logp.double().cpu().numpy()  # one copy to the host for the group
             for row, s in enumerate(chunk):
                 out[int(s)] = logp[row, : self.length[s]]
         return out
