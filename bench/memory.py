@@ -74,6 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--slopes-only", action="store_true", help="only the per-token slopes (in this process)")
     parser.add_argument("--no-slopes", action="store_true", help="only the rows")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of the embedded rows")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=JSON",
+                        help="config fields over every row's, e.g. gradient_checkpointing=true")  # fmt: skip
     parser.add_argument("--one", nargs=2, metavar=("ROW", "ALGO"), help=argparse.SUPPRESS)  # a child's row
     return parser.parse_args(argv)
 
@@ -81,10 +83,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.one:
-        print(json.dumps(run_row(*args.one, args.device, args.threads, args.quick)))
+        print(json.dumps(run_row(*args.one, args.device, args.threads, args.quick, overrides(args.set))))
         return
     print(f"peak memory, one iteration per row: device {args.device}, torch threads {args.threads}, "
-          f"CPU {cpu_name()}")  # fmt: skip
+          f"CPU {cpu_name()}{', ' + ' '.join(args.set) if args.set else ''}")  # fmt: skip
     if not args.slopes_only:
         print(f"  {'row':<20} {'algo':<5} {'peak RSS':>9} {'CUDA peak':>10} {'seconds':>8} {'policy tok':>10} "
               f"{'context':>8}  (context: mean real columns of a sequence)")  # fmt: skip
@@ -97,7 +99,8 @@ def main(argv=None) -> None:
 
 def child_row(row: str, algo: str, args) -> dict:
     """One row in a fresh process: its ``ru_maxrss`` is that row's peak alone."""
-    cmd = [sys.executable, __file__, "--one", row, algo, "--device", args.device, "--threads", str(args.threads)]
+    cmd = [sys.executable, __file__, "--one", row, algo, "--device", args.device, "--threads", str(args.threads),
+           "--set", *args.set]  # fmt: skip
     done = subprocess.run(cmd + (["--quick"] if args.quick else []), capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
@@ -113,7 +116,12 @@ def print_row(row: str, algo: str, result: dict, flush: bool = False) -> None:
           f"{result['policy_tokens']:>10} {result['context_columns']:>8}", flush=flush)  # fmt: skip
 
 
-def run_row(row: str, algo: str, device: str, threads: int, quick: bool = False) -> dict:
+def overrides(pairs: list[str]) -> dict:
+    """``["gradient_checkpointing=true"]`` → ``{"gradient_checkpointing": True}`` (values are JSON)."""
+    return {key: json.loads(value) for key, value in (pair.split("=", 1) for pair in pairs)}
+
+
+def run_row(row: str, algo: str, device: str, threads: int, quick: bool = False, extra: dict | None = None) -> dict:
     """Build the row's trainer and run one iteration; its peak RSS, CUDA peak and time."""
     from textgym.agents.ppo import PPOConfig, Trainer
     from textgym.agents.ppo.config import PRESETS
@@ -122,7 +130,7 @@ def run_row(row: str, algo: str, device: str, threads: int, quick: bool = False)
     if row == "qwen0.5b-lora":
         make_qwen_shaped(QWEN_FOLDER)
     base = dict(PRESETS[preset.format(algo=algo)]) if preset else {}
-    changes = {**changes, "algo": algo}
+    changes = {**changes, "algo": algo, **(extra or {})}
     if algo == "grpo" and "group_size" not in base:
         changes["group_size"] = 4  # 16 or 64 slots: 4 or 16 groups
     if quick:
@@ -185,10 +193,16 @@ def saved_bytes(fn) -> int:
     return sum(storages.values())
 
 
-def learner_bytes(model, vocab: int, context: int, policy_tokens: int, rows: int, full: bool) -> int:
+LEARNERS = {"full": "full log-softmax", "chunked": "chunked head (now)", "checkpointed": "+ gradient_checkpointing"}
+
+
+def learner_bytes(model, vocab: int, context: int, policy_tokens: int, rows: int, learner: str) -> int:
     """Saved bytes of the learner's log-probs of ``policy_tokens`` tokens a row spread over ``rows`` sequences of
     ``context`` columns: a 32-token prompt, then a response block where the rest are a partner's tokens (as in a
-    conversation). ``full``: the full-vocabulary log-softmax over the response block (the learner before issue 41)."""
+    conversation). ``learner``: ``full``, the full-vocabulary log-softmax over the response block (the learner before
+    issue 41); ``chunked``, :func:`textgym.token_logprobs.policy_logprobs`; ``checkpointed``, that with the decoder
+    layers checkpointed (``gradient_checkpointing=True``)."""
+    from textgym.agents.ppo.models import set_update_mode
     from textgym.functional import position_ids_from_mask
     from textgym.models import native_bf16
     from textgym.token_logprobs import policy_logprobs
@@ -208,8 +222,9 @@ def learner_bytes(model, vocab: int, context: int, policy_tokens: int, rows: int
         logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
         return (logp * select).sum()
 
+    set_update_mode(model, learner == "checkpointed")
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=native_bf16(device)):  # textgym's default
-        return saved_bytes(full_softmax if full else chunked)
+        return saved_bytes(full_softmax if learner == "full" else chunked)
 
 
 def slope_models(device: str):
@@ -224,7 +239,7 @@ def slope_models(device: str):
               ("qwen0.5b-shaped", Qwen2Config(**QWEN_SHAPE))]  # fmt: skip
     for name, config in shapes:
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config).to(device)
+        model = AutoModelForCausalLM.from_config(config).to(device).requires_grad_(True)
         yield name, model, config.vocab_size
 
 
@@ -233,17 +248,16 @@ def print_slopes(device: str) -> None:
         "bytes held across the backward (saved by autograd; bf16 autocast where the CPU has it), per extra token "
         "of a sequence (4 sequences; context: a partner's tokens in the response block):"
     )
-    print(f"  {'model':<16} {'V':>7} {'learner':<22} {'per context token':>18} {'per policy token':>17}")
+    print(f"  {'model':<16} {'V':>7} {'learner':<24} {'per context token':>18} {'per policy token':>17}")
     rows, base_ctx, base_pol = 4, 128, 16
     for name, model, vocab in slope_models(device):
-        for full in (True, False):
+        for learner, what in LEARNERS.items():
             at = {}
             for ctx, pol in ((base_ctx, base_pol), (2 * base_ctx, base_pol), (base_ctx, 2 * base_pol)):
-                at[ctx, pol] = learner_bytes(model, vocab, ctx, pol, rows, full)
+                at[ctx, pol] = learner_bytes(model, vocab, ctx, pol, rows, learner)
             per_ctx = (at[2 * base_ctx, base_pol] - at[base_ctx, base_pol]) / (rows * base_ctx)
             per_pol = (at[base_ctx, 2 * base_pol] - at[base_ctx, base_pol]) / (rows * base_pol)
-            what = "full log-softmax" if full else "chunked head (now)"
-            print(f"  {name:<16} {vocab:>7} {what:<22} {per_ctx / 1024:15.1f} KiB {per_pol / 1024:14.1f} KiB",
+            print(f"  {name:<16} {vocab:>7} {what:<24} {per_ctx / 1024:15.1f} KiB {per_pol / 1024:14.1f} KiB",
                   flush=True)  # fmt: skip
         del model
 

@@ -175,12 +175,23 @@ def test_cli_errors_name_the_argument():
         ["bench/profile_iteration.py", "--config", "tiny", "--num-envs", "4", "--max-new-tokens", "4", "--threads=1"],
         ["bench/rm_ceiling.py", "--quick", "--threads", "1"],
         ["bench/head_columns.py", "--config", "tiny", "--rounds", "1", "--threads", "1"],
+        ["bench/collector_overhead.py", "--quick", "--threads", "1"],
+        ["bench/head_chunk.py", "--quick", "--threads", "1"],
     ],
     ids=lambda c: Path(c[0]).stem,
 )
 def test_example_and_bench_scripts(cmd, tmp_path):
     out = run([sys.executable, *[c.replace("{tmp}", str(tmp_path)) for c in cmd]])
     assert out.strip()
+
+
+def test_memory_bench_prints_a_peak_for_each_algorithm(tmp_path):
+    """bench/memory.py runs each row in a process of its own and prints its peak RSS, policy tokens and context."""
+    out = run([sys.executable, "bench/memory.py", "--rows", "embedded", "--quick", "--no-slopes", "--threads", "1"])
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("embedded")]
+    assert [r[1] for r in rows] == ["ppo", "grpo"], out
+    for r in rows:
+        assert r[3] == "GB" and 0.1 < float(r[2]) < 8 and int(r[-2]) > 0 and int(r[-1]) > 0, out
 
 
 def _bench_module(name: str):

@@ -1,15 +1,25 @@
 """The policy's token log-probs through a chunked LM head: exact against the full log-softmax, bounded in memory."""
 
 import copy
+import math
+from functools import partial
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from textgym.agents.ppo.models import TokenLogProbs
+from textgym.agents.ppo.rollout import sequence_batch
 from textgym.functional import pack_mask, position_ids_from_mask
 from textgym.models import load_causal_lm
-from textgym.token_logprobs import CHUNK_BYTES, chunk_rows, cut_prompt_block, head_logprobs, policy_logprobs
+from textgym.token_logprobs import (
+    CHUNK_BYTES,
+    MAX_TILE_ROWS,
+    cut_prompt_block,
+    head_logprobs,
+    policy_logprobs,
+    tile_shape,
+)
 
 P, T = 8, 12  # prompt block, response columns
 
@@ -41,7 +51,8 @@ def _full_logprobs(model, ids, mask, temperature=1.0, keep=None):
 
 
 def test_head_logprobs_gradient_is_exact_on_a_small_case():
-    """Forward and the hand-written backward against autograd's numerical Jacobian (float64), chunk < rows."""
+    """Forward and the hand-written backward against autograd's numerical Jacobian (float64), over row blocks and
+    vocabulary slices (the online log-sum-exp across slices, the head's gradient summed across row blocks)."""
     g = torch.Generator().manual_seed(0)
     n, h, v = 7, 5, 11
     hidden = torch.randn(n, h, dtype=torch.float64, generator=g, requires_grad=True)
@@ -53,10 +64,10 @@ def test_head_logprobs_gradient_is_exact_on_a_small_case():
     kept = pack_mask(keep)
 
     def f(hid, w, b):
-        return head_logprobs(hid, w, tokens, b, temperature=0.7, kept=kept, chunk=3)[0]
+        return head_logprobs(hid, w, tokens, b, temperature=0.7, kept=kept, tile=(3, 8))[0]  # 3 x 2 tiles
 
     assert torch.autograd.gradcheck(f, (hidden, weight, bias))
-    logp, entropy = head_logprobs(hidden, weight, tokens, bias, 0.7, kept, with_entropy=True, chunk=3)
+    logp, entropy = head_logprobs(hidden, weight, tokens, bias, 0.7, kept, with_entropy=True, tile=(3, 8))
     full = torch.log_softmax(((hidden @ weight.T + bias) / 0.7).masked_fill(~keep, -torch.inf), -1)
     torch.testing.assert_close(logp, full[torch.arange(n), tokens], atol=1e-12, rtol=0)
     torch.testing.assert_close(entropy, -(full.exp() * full.nan_to_num(neginf=0.0)).sum(-1), atol=1e-12, rtol=0)
@@ -134,19 +145,66 @@ def test_the_update_never_forms_a_batch_by_columns_by_vocabulary_tensor(model, m
     ids = torch.randint(5, V, (B, P + width), generator=torch.Generator().manual_seed(4))
     mask = torch.ones_like(ids)
     select = torch.zeros(B, width, dtype=torch.bool)
-    select[:, :3] = True  # 3 policy tokens a row: 48 rows for the head, chunk 16
+    select[:, :3] = True  # 3 policy tokens a row: 48 rows for the head
     head = TokenLogProbs(policy, P)
     seq, seq_mask = ids.unsqueeze(1).expand(B, width, -1), mask.unsqueeze(1).expand(B, width, -1)
-    chunk = 16
-    monkeypatch.setattr("textgym.token_logprobs.CHUNK_BYTES", chunk * 4 * V)
+    budget = 16 * 4 * V  # 16 rows' worth of logits: tiles of 48 rows x 680 columns
+    monkeypatch.setattr("textgym.token_logprobs.CHUNK_BYTES", budget)
     with _LargestVocabTensor(V, policy.config.hidden_size) as spy:
         logp, _, _ = head(seq, seq_mask, select)
         logp.sum().backward()
-    assert spy.largest == chunk * V, spy.largest  # a chunk of the head; the full logits were B·T·V = 1.3M elements
+    assert 0 < spy.largest <= budget // 4, spy.largest  # a tile of the head; the full logits: B·T·V = 1.3M elements
 
 
-def test_chunk_rows_is_sized_in_bytes_so_it_does_not_grow_with_the_vocabulary():
-    for vocab in (2048, 49_152, 151_936):
-        rows = chunk_rows(vocab)
-        assert rows * vocab * 4 <= CHUNK_BYTES < (rows + 1) * vocab * 4
-    assert chunk_rows(10**12) == 1
+def test_tiles_are_sized_in_bytes_so_they_do_not_grow_with_the_vocabulary():
+    for rows in (1, 40, 640, 10_000):
+        for vocab in (2048, 49_152, 151_936):
+            r, c = tile_shape(rows, vocab)
+            assert r == min(rows, MAX_TILE_ROWS) and c % 8 == 0 and (r * c * 4 <= CHUNK_BYTES or c == 8)
+            assert c == vocab or r * (c + 8) * 4 > CHUNK_BYTES  # the budget filled
+    with pytest.raises(ValueError, match="tile=.* multiple of 8 or the whole vocabulary 16"):
+        head_logprobs(torch.zeros(2, 3), torch.zeros(16, 3), torch.zeros(2, dtype=torch.long), tile=(2, 12))
+    assert tile_shape(12, 15) == (12, 15)  # a vocabulary smaller than a slice is one slice of any width
+    logp, _ = head_logprobs(torch.zeros(2, 3), torch.zeros(15, 3), torch.zeros(2, dtype=torch.long), tile=(2, 15))
+    torch.testing.assert_close(logp, torch.full((2,), -math.log(15)))
+
+
+# ---------------------------------------------------------------- gradient checkpointing of the update
+def _saved_bytes(fn) -> int:
+    """Bytes of the distinct storages autograd saves while ``fn()`` runs."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def test_gradient_checkpointing_gives_the_same_update_and_saves_less(tmp_path):
+    """Two trainers on one seed, one recomputing its decoder layers in the backward: the same weights after an
+    iteration (policy and critic), far fewer bytes held across the backward, and no module left in training mode
+    but the layers (no dropout turned on)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from textgym.agents.ppo import PPOConfig, Trainer
+    from textgym.agents.ppo.config import PRESETS
+
+    trainers, saved = [], []
+    for ckpt in (False, True):
+        cfg = {**PRESETS["tiny"], "out": str(tmp_path / str(ckpt)), "precision": "fp32", "max_new_tokens": 16,
+               "num_envs": 8, "ppo_epochs": 1, "num_minibatches": 1, "gradient_checkpointing": ckpt}  # fmt: skip
+        t = Trainer.create(PPOConfig(**cfg))
+        t.iteration()
+        trainers.append(t)
+        data = sequence_batch(t.last_episodes)
+        saved.append(_saved_bytes(partial(t.actor_logprobs, data["sequence"], data["sequence_mask"], data["mask"])))
+    for a, b in zip(trainers[0].trained().values(), trainers[1].trained().values()):
+        torch.testing.assert_close(torch.cat([p.flatten() for p in a.parameters()]),
+                                   torch.cat([p.flatten() for p in b.parameters()]), atol=1e-6, rtol=1e-5)  # fmt: skip
+    assert saved[1] < saved[0] / 2, saved
+    for model in trainers[1].trained().values():
+        training = {type(m).__name__ for m in model.modules() if m.training}
+        assert training and all(issubclass(type(m), GradientCheckpointingLayer) for m in model.modules() if m.training)

@@ -11,8 +11,10 @@ imported before torch, OpenMP's passive wait and every core; after torch, one co
     envs = gym.make_vec("TextRLHF-v0", num_envs=8, vectorization_mode="vector_entry_point")
 """
 
+from textgym.allocator import fix_mmap_threshold
 from textgym.threads import apply_default_threads, set_wait_policy
 
+fix_mmap_threshold()  # freed tensors return to the OS instead of fragmenting malloc's heaps (allocator.py says why)
 set_wait_policy()  # before torch loads: OpenMP's passive wait, so every core is the default (threads.py says why)
 
 from gymnasium.envs.registration import register  # noqa: E402

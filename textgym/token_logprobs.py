@@ -10,13 +10,13 @@ columns for 20–38 policy tokens; issue 41 measured 13.8 GB for a 135M model). 
    are cut first (:func:`cut_prompt_block`);
 2. the hidden states of the *selected* positions, those whose next token is a policy action, are
    gathered into ``(n, H)``: the prompt, padding and a partner's reply never meet the LM head;
-3. :class:`HeadLogProbs` runs the head and the log-softmax over V in chunks of rows, keeping only
-   each row's log-sum-exp for the backward, which recomputes a chunk's logits to form its gradient
+3. :class:`HeadLogProbs` runs the head and the log-softmax over V in tiles, keeping only
+   each row's log-sum-exp for the backward, which recomputes a tile's logits to form its gradient
    (the idea of Liger's fused linear cross-entropy and Apple's cut-cross-entropy; TRL's
    ``selective_log_softmax`` and verl's chunked logsumexp slice the same way).
 
-The working set is one chunk of logits at a time, ``chunk_rows(V)`` rows of V floats (a few
-of them alive at once); the chunk is sized in bytes, so it does not grow with V
+The working set is one tile of logits at a time (a block of rows by a slice of the vocabulary,
+:func:`tile_shape`; a few of them alive at once), sized in bytes, so it does not grow with V
 (docs/performance.md, "Memory").
 """
 
@@ -32,7 +32,7 @@ from .functional import position_ids_from_mask, unpack_mask
 __all__ = [
     "CHUNK_BYTES",
     "HeadLogProbs",
-    "chunk_rows",
+    "tile_shape",
     "cut_prompt_block",
     "final_hidden",
     "head_logprobs",
@@ -41,12 +41,21 @@ __all__ = [
     "unwrap",
 ]
 
-CHUNK_BYTES = 32 * 2**20  # one chunk's fp32 logits: 32 MiB (170 rows at V = 49,152; docs/performance.md, "Memory")
+CHUNK_BYTES = 32 * 2**20  # one tile's fp32 logits: 32 MiB (docs/performance.md, "Memory": how it was chosen)
+MAX_TILE_ROWS = 4096  # rows of a tile: more policy tokens than this go in row blocks
 
 
-def chunk_rows(vocab: int, budget: int | None = None) -> int:
-    """Rows of a (rows, ``vocab``) fp32 logits chunk within ``budget`` bytes (default: CHUNK_BYTES), at least 1."""
-    return max(1, (CHUNK_BYTES if budget is None else budget) // (4 * vocab))
+def tile_shape(rows: int, vocab: int, budget: int | None = None) -> tuple[int, int]:
+    """(rows, columns) of one fp32 logits tile within ``budget`` bytes (default: CHUNK_BYTES).
+
+    Rows come first (up to :data:`MAX_TILE_ROWS`, so the weight's gradient is written once per slice of
+    the vocabulary, not summed over many row chunks); the vocabulary is cut into slices of a multiple
+    of 8 columns (the packed kept sets' bytes) that fill the budget.
+    """
+    budget = CHUNK_BYTES if budget is None else budget
+    r = max(1, min(rows, MAX_TILE_ROWS))
+    cols = max(8, budget // (4 * r) // 8 * 8)
+    return r, min(cols, vocab)
 
 
 def unwrap(model):
@@ -155,14 +164,14 @@ def head_logprobs(
     temperature: float = 1.0,
     kept: Tensor | None = None,
     with_entropy: bool = False,
-    chunk: int | None = None,
+    tile: tuple[int, int] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """log-softmax(hidden @ weightᵀ + bias)/τ at ``tokens``, in chunks of rows (see :class:`HeadLogProbs`).
+    """log-softmax(hidden @ weightᵀ + bias)/τ at ``tokens``, one tile of logits at a time (:class:`HeadLogProbs`).
 
     Args:
         hidden: ``(n, H)``; weight: ``(V, H)``; tokens: ``(n,)``; bias: ``(V,)`` or None.
-        kept: ``(n, W)`` packed kept sets (entries outside are at the dtype's lowest value), or None.
-        chunk: rows per chunk (default :func:`chunk_rows` of V).
+        kept: ``(n, ceil(V / 8))`` packed kept sets (entries outside are at the dtype's lowest value), or None.
+        tile: (rows, columns) of a tile, columns a multiple of 8 or all V (default: :func:`tile_shape`).
 
     Returns:
         ``(n,)`` fp32 log-probs (differentiable in ``hidden``, ``weight`` and ``bias``) and ``(n,)``
@@ -171,64 +180,103 @@ def head_logprobs(
     if hidden.dim() != 2 or tokens.shape != hidden.shape[:1] or weight.shape[1] != hidden.shape[1]:
         raise ValueError(f"hidden {tuple(hidden.shape)}, weight {tuple(weight.shape)} and tokens "
                          f"{tuple(tokens.shape)} must be (n, H), (V, H) and (n,)")  # fmt: skip
-    chunk = chunk or chunk_rows(weight.shape[0])
+    tile = tile or tile_shape(hidden.shape[0], weight.shape[0])
+    if tile[0] < 1 or tile[1] < 1 or (tile[1] % 8 and tile[1] < weight.shape[0]):
+        raise ValueError(f"tile={tile} must be (rows >= 1, columns a positive multiple of 8 or the whole "
+                         f"vocabulary {weight.shape[0]})")  # fmt: skip
     entropy = hidden.new_empty(hidden.shape[0] if with_entropy else 0, dtype=_softmax_dtype(hidden.dtype))
-    logp = HeadLogProbs.apply(hidden, weight, bias, tokens, kept, float(temperature), chunk, entropy)
+    logp = HeadLogProbs.apply(hidden, weight, bias, tokens.long(), kept, float(temperature), tile, entropy)
     return logp, (entropy if with_entropy else None)
 
 
 class HeadLogProbs(torch.autograd.Function):
-    """Token log-probs through the LM head, chunk by chunk; the backward recomputes each chunk's logits.
+    """Token log-probs through the LM head, tile by tile; the backward recomputes each tile's logits.
 
-    Forward keeps, per row, only the log-sum-exp; backward forms d log p_a / d z = (onehot(a) − softmax(z))/τ
-    a chunk at a time and multiplies it into the hidden states' and the head's gradients. Under autocast
-    the head's matmul runs in the autocast dtype, as ``nn.Linear`` would; the softmax is fp32.
+    A tile is a block of rows by a slice of the vocabulary. The forward runs an online log-sum-exp over
+    a row block's slices (as flash attention does over keys) and keeps only each row's log-sum-exp;
+    the backward forms d log p_a / d z = (onehot(a) − softmax(z))/τ a tile at a time: the hidden
+    states' gradient is summed over slices (``(rows, H)``, small), the head's is written once per
+    slice. Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would; the softmax
+    is fp32.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, tokens, kept, temperature, chunk, entropy):  # noqa: D102
+    def forward(ctx, hidden, weight, bias, tokens, kept, temperature, tile, entropy):  # noqa: D102
         dtype = _matmul_dtype(hidden)
-        logp = torch.empty(hidden.shape[0], device=hidden.device, dtype=_softmax_dtype(dtype))
-        lse = torch.empty_like(logp)
+        acc = _softmax_dtype(dtype)
+        n = hidden.shape[0]
+        logp, lse = hidden.new_empty(n, dtype=acc), hidden.new_empty(n, dtype=acc)
         w = weight.to(dtype)  # cast once, as autocast caches it
         with torch.no_grad():
-            for start in range(0, hidden.shape[0], chunk):
-                rows = slice(start, start + chunk)
-                z = _chunk_logits(hidden[rows], w, bias, kept, rows, temperature, dtype)  # (c, V) fp32
-                lse[rows] = torch.logsumexp(z, dim=-1)
-                logp[rows] = z.gather(-1, tokens[rows, None]).squeeze(-1) - lse[rows]
-                if entropy.numel():
-                    p = torch.exp(z - lse[rows, None])
-                    entropy[rows] = lse[rows] - (p * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, tokens, kept, lse)
-        ctx.temperature, ctx.chunk, ctx.dtype = temperature, chunk, dtype
+            for rows, cols in _tiles(n, weight.shape[0], tile):
+                if cols.start == 0:
+                    top = hidden.new_full((rows.stop - rows.start,), -torch.inf, dtype=acc)  # running max
+                    total, weighted, picked = torch.zeros_like(top), torch.zeros_like(top), torch.zeros_like(top)
+                z = _tile_logits(hidden[rows], w, bias, kept, rows, cols, temperature, dtype)  # (r, c)
+                new_top = torch.maximum(top, z.max(-1).values)
+                scale, e = torch.exp(top - new_top), torch.exp(z - new_top[:, None])
+                total = total * scale + e.sum(-1)
+                weighted = weighted * scale + (e * z).sum(-1)  # Σ e^(z − max)·z, for the entropy
+                top = new_top
+                picked += _pick(z, tokens[rows], cols)
+                if cols.stop == weight.shape[0]:  # the row block's last slice: its log-sum-exp is complete
+                    lse[rows] = top + total.log()
+                    logp[rows] = picked - lse[rows]
+                    if entropy.numel():
+                        entropy[rows] = lse[rows] - weighted / total
+        ctx.save_for_backward(hidden, w, bias, tokens, kept, lse)  # w: the cast weight, as nn.Linear's autocast keeps
+        ctx.temperature, ctx.tile, ctx.dtype, ctx.weight_dtype = temperature, tile, dtype, weight.dtype
         return logp
 
     @staticmethod
     def backward(ctx, grad_logp):  # noqa: D102
-        hidden, weight, bias, tokens, kept, lse = ctx.saved_tensors
+        hidden, w, bias, tokens, kept, lse = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.zeros_like(hidden) if need_h else None
-        acc = _softmax_dtype(ctx.dtype)
-        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+        acc, dtype = _softmax_dtype(ctx.dtype), ctx.dtype
+        grad_h = torch.zeros_like(hidden, dtype=acc) if need_h else None
+        grad_w = torch.empty_like(w, dtype=acc) if need_w else None  # each slice written by the first row block
         grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
-        w = weight.to(ctx.dtype)  # cast once, as autocast caches it
-        for start in range(0, hidden.shape[0], ctx.chunk):
-            rows = slice(start, start + ctx.chunk)
-            z = _chunk_logits(hidden[rows], w, bias, kept, rows, ctx.temperature, ctx.dtype)  # (c, V)
-            g = torch.exp(z - lse[rows, None]).neg_()  # −softmax
-            g.scatter_add_(-1, tokens[rows, None], torch.ones_like(g[:, :1]))  # onehot(a) − softmax
-            g.mul_((grad_logp[rows] / ctx.temperature).unsqueeze(-1))  # (c, V): d loss / d logits
+        for rows, cols in _tiles(hidden.shape[0], w.shape[0], ctx.tile):
+            h = hidden[rows].to(dtype)
+            z = _tile_logits(h, w, bias, kept, rows, cols, ctx.temperature, dtype)  # (r, c)
+            scale = grad_logp[rows] / ctx.temperature  # (r,): d loss / d log p, through the temperature
+            g = torch.exp(z.sub_(lse[rows, None])).mul_(-scale[:, None])  # −softmax·scale
+            _pick_add(g, tokens[rows], cols, scale)  # (onehot(a) − softmax)·scale = d loss / d logits
             if need_b:
-                grad_b += g.sum(0)
-            g = g.to(ctx.dtype)
+                grad_b[cols] += g.sum(0)
+            g = g.to(dtype)
             if need_h:
-                grad_h[rows] = (g @ w).to(hidden.dtype)  # (c, H)
-            if need_w:
-                grad_w += (g.t() @ hidden[rows].to(ctx.dtype)).to(acc)  # (V, H)
-        grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
+                grad_h[rows] += g @ w[cols]  # (r, H)
+            if need_w and rows.start == 0:
+                grad_w[cols] = g.t() @ h  # (c, H)
+            elif need_w:
+                grad_w[cols] += g.t() @ h
+        grad_h = grad_h.to(hidden.dtype) if grad_h is not None else None
+        grad_w = grad_w.to(ctx.weight_dtype) if grad_w is not None else None
         grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
         return grad_h, grad_w, grad_b, None, None, None, None, None
+
+
+def _tiles(n: int, vocab: int, tile: tuple[int, int]):
+    """(rows, cols) slices of the tiles, row block by row block, each block's vocabulary slices in order."""
+    r, c = tile
+    for start in range(0, n, r):
+        for col in range(0, vocab, c):
+            yield slice(start, min(start + r, n)), slice(col, min(col + c, vocab))
+
+
+def _pick(z: Tensor, tokens: Tensor, cols: slice) -> Tensor:
+    """Each row's logit at its token where the token falls in ``cols``, else 0: ``(r,)``."""
+    inside = (tokens >= cols.start) & (tokens < cols.stop)
+    at = (tokens - cols.start).clamp(0, z.shape[1] - 1)
+    return torch.where(inside, z.gather(-1, at[:, None]).squeeze(-1), 0.0)
+
+
+def _pick_add(g: Tensor, tokens: Tensor, cols: slice, value: Tensor) -> None:
+    """Add ``value`` ``(r,)`` at each row's token where it falls in ``cols`` (in place)."""
+    inside = (tokens >= cols.start) & (tokens < cols.stop)
+    at = (tokens - cols.start).clamp(0, g.shape[1] - 1)
+    g.scatter_add_(-1, at[:, None], (value * inside).to(g.dtype)[:, None])
 
 
 def _matmul_dtype(hidden: Tensor) -> torch.dtype:
@@ -242,13 +290,16 @@ def _softmax_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_logits(hidden, weight, bias, kept, rows: slice, temperature: float, dtype) -> Tensor:
-    """One chunk's logits (fp32, or float64) ``(c, V)``, tempered and restricted to its kept sets."""
+def _tile_logits(hidden, weight, bias, kept, rows: slice, cols: slice, temperature: float, dtype) -> Tensor:
+    """One tile's logits (fp32, or float64) ``(r, c)``, tempered and restricted to its kept sets."""
     with torch.autocast(hidden.device.type, enabled=False):
-        z = hidden.to(dtype) @ weight.to(dtype).t()
+        z = hidden.to(dtype) @ weight[cols].t()
         if bias is not None:
-            z = z + bias.to(dtype)
-        z = z.to(_softmax_dtype(dtype)) / temperature
-    if kept is not None:
-        z = z.masked_fill(~unpack_mask(kept[rows], z.shape[-1]), torch.finfo(z.dtype).min)
+            z = z + bias[cols].to(dtype)
+        z = z.to(_softmax_dtype(dtype))
+        if temperature != 1.0:
+            z /= temperature
+    if kept is not None:  # cols.start is a multiple of 8: the slice's bits start a byte
+        packed = kept[rows, cols.start // 8 : (cols.stop + 7) // 8]
+        z = z.masked_fill(~unpack_mask(packed, z.shape[-1]), torch.finfo(z.dtype).min)
     return z

@@ -43,6 +43,7 @@ __all__ = [
     "make_loss",
     "make_policy",
     "ppo_diagnostics",
+    "set_update_mode",
     "trainable",
 ]
 
@@ -118,6 +119,31 @@ class TokenValues(nn.Module):
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask))
         # state s_t ends at column p - 1 + t, like the log-prob of token t
         return out.logits[:, p - 1 : -1].float()  # (B, T, 1)
+
+
+def set_update_mode(model: nn.Module | None, checkpointing: bool) -> None:
+    """Eval mode (dropout off: N+ implementation details), with gradient checkpointing of the decoder layers if asked.
+
+    transformers checkpoints a layer only while the layer itself is in training mode; here the layers
+    alone get ``training = True`` (not their submodules), so no dropout turns on anywhere. Without
+    gradients (the rollout, log π_old, the critic's old values) the layers run as they are.
+    """
+    if model is None:
+        return
+    model.train(False)
+    if not checkpointing:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"gradient_checkpointing=True: {type(model).__name__} has no transformers decoder layers "
+                         "to checkpoint")  # fmt: skip
+    if not layers[0].gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.train(False)  # enabling may switch the model to training mode
+    for layer in layers:
+        layer.training = True
 
 
 def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict | None = None):

@@ -36,7 +36,15 @@ from .calibration import run_norm
 from .config import PPOConfig
 from .guards import check_finite, check_finite_weights
 from .kl import make_kl_controller
-from .models import TokenLogProbs, make_envs, make_loss, make_policy, ppo_diagnostics, trainable
+from .models import (
+    TokenLogProbs,
+    make_envs,
+    make_loss,
+    make_policy,
+    ppo_diagnostics,
+    set_update_mode,
+    trainable,
+)
 from .rollout import per_token_rewards, sampler_mismatch, sequence_batch, trim_columns
 from .sources import make_rollouts
 
@@ -239,7 +247,8 @@ class Trainer:
         sums: dict[str, float] = {}
         n_updates = epochs_run = 0
         lr = self._set_learning_rates()
-        self.policy.train(False)  # dropout stays off during PPO (N+ implementation details)
+        for model in (self.policy, self.critic):  # dropout stays off during PPO (N+ implementation details)
+            set_update_mode(model, cfg.gradient_checkpointing)
         gen = torch.Generator().manual_seed(cfg.seed * 100003 + self.iteration_done)
         batch = data.batch_size[0]
         for _ in range(cfg.ppo_epochs):
