@@ -94,7 +94,8 @@ def final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """The last layer's normed hidden states ``(B, L, H)`` of a causal LM: what its head reads.
 
     Through the model's own forward (DDP's, peft's): a wrapper's hooks and a disabled adapter apply as
-    for a logits call. ``logits_to_keep=1`` keeps the forward's own head to one column.
+    for a logits call. ``logits_to_keep=1`` keeps the forward's own head to one column; ``use_cache=False``: a
+    teacher-forced pass needs no KV cache (it would hold every layer's keys and values past the call).
     """
     base = unwrap(model)
     base = base.get_base_model() if hasattr(base, "get_base_model") else base
@@ -103,7 +104,7 @@ def final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     except (TypeError, ValueError):
         keep = {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-                output_hidden_states=True, **keep)  # fmt: skip
+                output_hidden_states=True, use_cache=False, **keep)  # fmt: skip
     return out.hidden_states[-1]
 
 
