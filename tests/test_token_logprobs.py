@@ -183,7 +183,8 @@ def _saved_bytes(fn) -> int:
     return sum(storages.values())
 
 
-def test_gradient_checkpointing_gives_the_same_update_and_saves_less(tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_gradient_checkpointing_gives_the_same_update_and_saves_less(tmp_path, lora_rank):
     """Two trainers on one seed, one recomputing its decoder layers in the backward: the same weights after an
     iteration (policy and critic), far fewer bytes held across the backward, and no module left in training mode
     but the layers (no dropout turned on)."""
@@ -195,7 +196,8 @@ def test_gradient_checkpointing_gives_the_same_update_and_saves_less(tmp_path):
     trainers, saved = [], []
     for ckpt in (False, True):
         cfg = {**PRESETS["tiny"], "out": str(tmp_path / str(ckpt)), "precision": "fp32", "max_new_tokens": 16,
-               "num_envs": 8, "ppo_epochs": 1, "num_minibatches": 1, "gradient_checkpointing": ckpt}  # fmt: skip
+               "num_envs": 8, "ppo_epochs": 1, "num_minibatches": 1, "gradient_checkpointing": ckpt,
+               "lora_rank": lora_rank}  # fmt: skip
         t = Trainer.create(PPOConfig(**cfg))
         t.iteration()
         trainers.append(t)
