@@ -38,8 +38,9 @@ from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 class ForwardClock:
     """Wall seconds inside the ``forward`` of the modules it is attached to (nested calls counted once)."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
         self.seconds, self._depth, self._start = 0.0, 0, 0.0
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # time kernels, not launches
 
     def attach(self, module: torch.nn.Module) -> None:
         module.register_forward_pre_hook(self._enter)
@@ -47,12 +48,14 @@ class ForwardClock:
 
     def _enter(self, module, args) -> None:
         if self._depth == 0:
+            self._sync()
             self._start = time.perf_counter()
         self._depth += 1
 
     def _leave(self, module, args, out) -> None:
         self._depth -= 1
         if self._depth == 0:
+            self._sync()
             self.seconds += time.perf_counter() - self._start
 
 
@@ -70,27 +73,31 @@ class NoStop(LMSampler):
 
 def measure(n: int, args, env_kwargs: dict) -> dict[str, float]:
     """Best of ``args.repeats`` rollouts of ``n`` episodes (after a warm-up): seconds, forward seconds, tokens."""
-    envs = make_episode_envs("TextRLHF-v0", n, **{**env_kwargs, "max_new_tokens": args.max_new_tokens})
+    device = torch.device(args.device)
+    envs = make_episode_envs("TextRLHF-v0", n, **{**env_kwargs, "max_new_tokens": args.max_new_tokens,
+                                                  "device": device})  # fmt: skip
     base = envs.unwrapped
-    clock = ForwardClock()
+    clock = ForwardClock(device)
     policy_model = copy.deepcopy(base.model)
     for model in (policy_model, base.model, getattr(base.reward_model, "model", None),
                   getattr(base.gold_scorer, "model", None)):  # fmt: skip
         if isinstance(model, torch.nn.Module):
             clock.attach(model)
-    policy = NoStop.for_env(policy_model, envs, generator=torch.Generator().manual_seed(0))
+    policy = NoStop.for_env(policy_model, envs, generator=torch.Generator(device=device).manual_seed(0))
     policy.stop_ids = sorted({base.eos_token_id, *base.stop_token_ids})
     prompts = [base.prompts[i % len(base.prompts)] for i in range(n)]
-    bf16 = native_bf16(torch.device("cpu")) if args.precision == "auto" else args.precision == "bf16"
+    bf16 = native_bf16(device) if args.precision == "auto" else args.precision == "bf16"
 
     def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+        return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
     best = None
     for repeat in range(args.repeats + 1):
         clock.seconds = 0.0
+        clock._sync()
         start = time.perf_counter()
         episodes = collect_episodes(envs, policy, prompts=prompts, autocast=autocast)
+        clock._sync()
         wall = time.perf_counter() - start
         row = {"seconds": wall, "forward": clock.seconds, "tokens": int(episodes["response_length"].sum())}
         if repeat and (best is None or wall < best["seconds"]):  # repeat 0 is the warm-up
@@ -106,6 +113,7 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--config", default=None, help="a textgym train preset whose env to use (model, prompts, RM)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     parser.add_argument("--quick", action="store_true", help="N = 4, 8 and 4 tokens: a smoke run")
     args = parser.parse_args(argv)
@@ -118,8 +126,10 @@ def main(argv=None) -> None:
         from textgym.agents.ppo.config import PRESETS
 
         env_kwargs = PPOConfig(**{**PRESETS[args.config], "out": "/tmp/textgym-collector-bench"}).env_kwargs()
-    print(f"collector at large N: {args.config or 'embedded'}, {args.max_new_tokens} tokens an episode, "
-          f"precision {args.precision}, {args.threads} threads; best of {args.repeats} after a warm-up")  # fmt: skip
+    print(
+        f"collector at large N: {args.config or 'embedded'}, {args.max_new_tokens} tokens an episode, precision "
+        f"{args.precision}, device {args.device}, {args.threads} threads; best of {args.repeats} after a warm-up"
+    )
     print(f"  {'N':>6} {'tokens/s':>10} {'forwards s':>11} {'outside s':>10} {'outside %':>10}")
     for n in args.num_envs:
         row = measure(n, args, env_kwargs)

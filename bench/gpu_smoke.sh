@@ -55,6 +55,15 @@ EOF
 python3 -c "import textgym.agents.ppo, trl; print('imports ok, trl', trl.__version__)"
 [ "$mode" = check ] && exit 0
 
+if [ "$mode" = memory ]; then  # issue 41: peak CUDA memory and RSS per task, the per-token slopes, the loop's share
+  echo "== memory: one PPO and one GRPO iteration per task (torch.cuda.max_memory_allocated beside the RSS)"
+  python3 bench/memory.py --device cuda --rows embedded smollm2-sentiment smollm2-guess qwen0.5b-lora --no-slopes
+  python3 bench/memory.py --device cuda --slopes-only
+  echo "== the per-token loop at large N (share outside the forwards)"
+  python3 bench/collector_overhead.py --device cuda --config smollm2-sentiment --num-envs 16 64 256 1024 --max-new-tokens 48
+  exit 0
+fi
+
 if [ "$mode" = multiturn ]; then  # issue 36: TextMultiTurn-v0's checks on CUDA, embedded model (no SmolLM2 needed)
   echo "== TextMultiTurn-v0 on CUDA: both reference modes, the return identity, a PPO and a GRPO iteration"
   python3 bench/gpu_multiturn.py --device cuda
