@@ -104,26 +104,52 @@ def test_the_chat_env_on_smollm2_stops_on_end_of_turn_and_scores_the_response(ca
     assert terminated and info["response"] == "" and np.isfinite(info["rm_score"])
 
 
+# A full-weight SmolLM2 run in a process of its own: run in a test worker, its 135M policy, gradient and AdamW moments
+# would stack on whatever the worker's earlier test modules left resident (4.66 GiB measured; docs/performance.md).
+FULL_WEIGHTS = """
+import json, sys
+import torch
+from textgym.agents.ppo import PPOConfig, Trainer
+from textgym.agents.ppo.config import PRESETS
+
+preset, changes = json.loads(sys.argv[1])
+trainer = Trainer.create(PPOConfig(**{**PRESETS[preset], **changes}))
+base = trainer.envs.unwrapped
+names = [base.reward_model.name, getattr(base.gold_scorer, "name", None)]
+before = [p.detach().clone() for p in trainer.policy.parameters()]
+rows = [trainer.iteration() for _ in range(2)]
+moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+trainer.envs.close()
+print(json.dumps({"rows": rows, "moved": moved, "scorers": names}))
+"""
+
+
+def _two_iterations_apart(preset: str, **changes) -> dict:
+    """Two iterations of ``preset`` with ``changes`` in a child process: its rows, whether the policy moved, the
+    reward model's and the gold scorer's names. The module's TEXTGYM_CACHE is in os.environ: the child reads it."""
+    import json
+    import subprocess
+    import sys
+
+    arg = json.dumps([preset, {"progress": False, "ppo_epochs": 1, "num_minibatches": 1, "warmup_iterations": 0,
+                               **changes}])  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", FULL_WEIGHTS, arg], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_two_iterations_of_the_smollm2_preset_move_the_full_weights(cache, tmp_path):
     """The preset's full-weight update on SmolLM2, critic-free (GRPO): a full-weight critic's weights and Adam
-    states would take this test process past 4 GB (docs/performance.md, "Memory"); PPO's critic on SmolLM2 trains
+    states would take the test process past 4 GB (docs/performance.md, "Memory"); PPO's critic on SmolLM2 trains
     in the LoRA test below, PPO's full-weight critic on the embedded model in test_ppo."""
-    from textgym.agents.ppo import PPOConfig, Trainer
-    from textgym.agents.ppo.config import PRESETS
-
-    cfg = PPOConfig(**{**PRESETS["smollm2-sentiment"], "out": str(tmp_path), "num_envs": 2, "total_episodes": 4,
-                       "max_new_tokens": 4, "ppo_epochs": 1, "num_minibatches": 1, "warmup_iterations": 0,
-                       "learning_rate": 1e-5, "progress": False, "precision": "fp32", "algo": "grpo",
-                       "group_size": 2})  # fmt: skip
-    trainer = Trainer.create(cfg)
-    before = [p.detach().clone() for p in trainer.policy.parameters()]
-    rows = [trainer.iteration() for _ in range(2)]
-    for row in rows:
+    result = _two_iterations_apart("smollm2-sentiment", out=str(tmp_path), num_envs=2, total_episodes=4,
+                                   max_new_tokens=4, learning_rate=1e-5, precision="fp32", algo="grpo",
+                                   group_size=2)  # fmt: skip
+    for row in result["rows"]:
         for key in ("score", "kl", "approx_kl", "policy_loss", "group_score_std", "entropy"):
             assert np.isfinite(row[key]), (key, row)
-    assert abs(rows[0]["kl"]) < 1e-3  # the first rollout is π_ref's own
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
-    trainer.envs.close()
+    assert abs(result["rows"][0]["kl"]) < 1e-3  # the first rollout is π_ref's own
+    assert result["moved"]
 
 
 def test_a_lora_smollm2_run_keeps_adapters_only_and_resumes_to_the_uninterrupted_run(cache, tmp_path):
@@ -158,19 +184,12 @@ def test_a_lora_smollm2_run_keeps_adapters_only_and_resumes_to_the_uninterrupted
 
 
 def test_two_grpo_iterations_of_the_smollm2_addition_preset_score_with_the_verifier(cache, tmp_path):
-    from textgym.agents.ppo import PPOConfig, Trainer
-    from textgym.agents.ppo.config import PRESETS
-
-    cfg = PPOConfig(**{**PRESETS["smollm2-addition-grpo"], "out": str(tmp_path), "num_envs": 4, "group_size": 2,
-                       "total_episodes": 8, "max_new_tokens": 6, "ppo_epochs": 1, "num_minibatches": 1,
-                       "warmup_iterations": 0, "progress": False})  # fmt: skip
-    trainer = Trainer.create(cfg)
-    assert trainer.envs.unwrapped.reward_model.name == trainer.envs.unwrapped.gold_scorer.name == "addition-answer"
-    rows = [trainer.iteration() for _ in range(2)]
-    for row in rows:
+    result = _two_iterations_apart("smollm2-addition-grpo", out=str(tmp_path), num_envs=4, group_size=2,
+                                   total_episodes=8, max_new_tokens=6, precision="fp32")  # fmt: skip
+    assert result["scorers"] == ["addition-answer", "addition-answer"]
+    for row in result["rows"]:
         assert 0.0 <= row["rm_score"] <= 1.0 and row["gold_score"] == row["rm_score"]  # the verifier is both
         assert all(np.isfinite(row[k]) for k in ("kl", "policy_loss", "approx_kl"))
-    trainer.envs.close()
 
 
 def test_smollm2_scored_at_the_end_matches_stepping_with_its_chat_template_and_end_of_turn(cache):
