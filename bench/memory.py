@@ -111,8 +111,8 @@ def print_row(row: str, algo: str, result: dict, flush: bool = False) -> None:
     if "error" in result:
         print(f"  {row:<20} {algo:<5} failed: {result['error']}", flush=flush)
         return
-    cuda = f"{result['cuda_peak_gb']:.2f} GB" if result["cuda_peak_gb"] is not None else "-"
-    print(f"  {row:<20} {algo:<5} {result['peak_rss_gb']:6.2f} GB {cuda:>10} {result['seconds']:8.1f} "
+    cuda = f"{result['cuda_peak_gb']:.2f} GiB" if result["cuda_peak_gb"] is not None else "-"
+    print(f"  {row:<20} {algo:<5} {result['peak_rss_gb']:6.2f} GiB {cuda:>10} {result['seconds']:8.1f} "
           f"{result['policy_tokens']:>10} {result['context_columns']:>8}", flush=flush)  # fmt: skip
 
 

@@ -191,7 +191,7 @@ def test_memory_bench_prints_a_peak_for_each_algorithm(tmp_path):
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("embedded")]
     assert [r[1] for r in rows] == ["ppo", "grpo"], out
     for r in rows:
-        assert r[3] == "GB" and 0.1 < float(r[2]) < 8 and int(r[-2]) > 0 and int(r[-1]) > 0, out
+        assert r[3] == "GiB" and 0.1 < float(r[2]) < 8 and int(r[-2]) > 0 and int(r[-1]) > 0, out
 
 
 def _bench_module(name: str):
