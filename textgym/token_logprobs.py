@@ -1,4 +1,4 @@
-"""Log-probs of the tokens that are policy actions, without a (B, T, V) tensor: the LM head in chunks.
+"""Log-probs of the tokens that are policy actions, without a (B, T, V) tensor: the LM head in tiles.
 
 Why: the learner and the scorers need log π(a_t | s_t) of the policy's own tokens only, yet a
 full-vocabulary log-softmax over every column of a sequence costs B × T × V floats, several times
@@ -17,7 +17,7 @@ columns for 20–38 policy tokens; issue 41 measured 13.8 GB for a 135M model). 
 
 The working set is one tile of logits at a time (a block of rows by a slice of the vocabulary,
 :func:`tile_shape`; a few of them alive at once), sized in bytes, so it does not grow with V
-(docs/performance.md, "Memory").
+(docs/performance.md, "Memory (issue 41)").
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ from .functional import position_ids_from_mask, unpack_mask
 
 __all__ = [
     "CHUNK_BYTES",
+    "MAX_TILE_ROWS",
     "HeadLogProbs",
-    "tile_shape",
     "cut_prompt_block",
     "final_hidden",
     "head_logprobs",
     "output_head",
     "policy_logprobs",
+    "tile_shape",
     "unwrap",
 ]
 
