@@ -76,7 +76,7 @@ class Reinforce:
         beta = base.kl_coef
         reward, log_ratio = per_token_rewards(d["env_reward"], d["sample_log_prob"], d["ref_logprob"], mask, beta, beta)
         P = base.max_prompt_tokens
-        logp, _, _ = TokenLogProbs(self.policy, P)(d["sequence"], d["sequence_mask"], mask)  # the actions' only
+        logp, _, _ = TokenLogProbs(self.policy, P)(d["sequence"], d["sequence_mask"], mask, with_entropy=False)
         values = TokenValues(self.critic, P)(d["sequence"], d["sequence_mask"])[..., 0]  # ONE forward each
         loss = reinforce_loss(logp, values, reward, mask)
         self.optimizer.zero_grad(set_to_none=True)

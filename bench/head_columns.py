@@ -1,8 +1,9 @@
 """What running the LM head on the response columns only saves in a PPO iteration (``logits_to_keep``).
 
-One trainer of a preset; its iterations alternate the two ways of taking the response logits
-(the head on the T + 1 response columns; the head on every column of prompt and response, as
-before), after one warm-up iteration each, so that load on a shared machine hits both alike.
+One trainer of a preset; its iterations alternate the two ways of the model's own forward (its head
+on the last column only, the chunked head of :mod:`textgym.token_logprobs` doing the policy's
+tokens; the forward's head on every column of prompt and response, as it once ran), after one
+warm-up iteration each, so that load on a shared machine hits both alike.
 Both ways give the same logits (tests/test_speed.py). Printed: the median seconds of log π_old +
 advantages (``time_advantage``), of the update and of the iteration, and their ratios. Never asserted::
 
@@ -19,13 +20,13 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from textgym import models  # noqa: E402
+from textgym import token_logprobs  # noqa: E402
 from textgym.agents.ppo import PPOConfig, Trainer  # noqa: E402
 from textgym.agents.ppo.config import PRESETS  # noqa: E402
 from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 PHASES = ("time_advantage", "time_update", "seconds")
-WAYS = {"response columns": models._takes_logits_to_keep, "every column": lambda model: False}
+WAYS = {"response columns": token_logprobs.takes_logits_to_keep, "every column": lambda model: False}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -55,14 +56,14 @@ def main(argv=None) -> None:
         try:
             for round_ in range(args.rounds + 1):  # round 0: a warm-up of each way
                 for way, takes in WAYS.items():
-                    models._takes_logits_to_keep = takes
+                    token_logprobs.takes_logits_to_keep = takes
                     row = trainer.iteration()
                     row["seconds"] = row["time_rollout"] + row["time_advantage"] + row["time_update"]
                     if round_:
                         for phase in PHASES:
                             seconds[way][phase].append(row[phase])
         finally:
-            models._takes_logits_to_keep = WAYS["response columns"]
+            token_logprobs.takes_logits_to_keep = WAYS["response columns"]
             trainer.close()
     report(args, seconds, cfg)
 

@@ -34,3 +34,11 @@ def test_freed_tensors_are_returned_with_the_fixed_threshold_and_kept_without_it
     fixed, dynamic = _resident_growth(str(1 << 20)), _resident_growth("0")
     assert fixed < 60, fixed  # the 20 kept blocks: 30 MiB
     assert dynamic > 200, dynamic  # the 180 freed ones stayed in the heap (what issue 41's runs paid)
+
+
+def test_a_threshold_that_is_no_byte_count_is_refused_naming_the_variable(monkeypatch):
+    from textgym.allocator import fix_mmap_threshold
+
+    monkeypatch.setenv("TEXTGYM_MMAP_THRESHOLD", "1MiB")
+    with pytest.raises(ValueError, match=r"TEXTGYM_MMAP_THRESHOLD='1MiB' is not a byte count"):
+        fix_mmap_threshold()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import os
 import re
 import warnings
@@ -35,7 +34,7 @@ from textgym.assets import (
 )
 from textgym.functional import position_ids_from_mask
 from textgym.named_models import resolve_named_model
-from textgym.token_logprobs import policy_logprobs
+from textgym.token_logprobs import policy_logprobs, takes_logits_to_keep
 
 __all__ = [
     "CachedDecoder",
@@ -543,17 +542,6 @@ class CachedDecoder:
         self.mask = self.mask[:, extra:]
 
 
-def _takes_logits_to_keep(model) -> bool:
-    """Whether ``model`` (or the model under its DDP and peft wrappers) can run its LM head on the last columns only."""
-    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)  # forwards that pass keywords on
-    base = model.module if isinstance(model, wrappers) else model
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):  # a forward without a readable signature: the head runs everywhere
-        return False
-
-
 def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> Tensor:
     """The logits that predict the response tokens (columns ``prompt_len − 1 … L − 2``): ``(B, L − prompt_len, V)``.
 
@@ -563,7 +551,7 @@ def response_logits(model, input_ids: Tensor, attention_mask: Tensor, prompt_len
     work per token); a model whose forward has no such argument gets every column and the same slice.
     """
     keep = input_ids.shape[1] - prompt_len + 1  # columns prompt_len - 1 … L - 1; the last predicts nothing
-    head = {"logits_to_keep": keep} if _takes_logits_to_keep(model) else {}
+    head = {"logits_to_keep": keep} if takes_logits_to_keep(model) else {}
     position_ids = position_ids_from_mask(attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **head)
     return out.logits[:, -keep:-1]  # the logit at column c predicts the token at column c + 1

@@ -38,6 +38,7 @@ __all__ = [
     "head_logprobs",
     "output_head",
     "policy_logprobs",
+    "takes_logits_to_keep",
     "tile_shape",
     "unwrap",
 ]
@@ -63,6 +64,16 @@ def unwrap(model):
     """The model under its DDP / DataParallel wrapper (peft's wrapper is kept: its adapters are part of it)."""
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
     return model.module if isinstance(model, wrappers) else model
+
+
+def takes_logits_to_keep(model) -> bool:
+    """Whether ``model`` (or the model under its DDP and peft wrappers) can run its LM head on the last columns only."""
+    base = unwrap(model)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):  # a forward without a readable signature: the head runs everywhere
+        return False
 
 
 def output_head(model) -> tuple[Tensor, Tensor | None]:
@@ -98,12 +109,7 @@ def final_hidden(model, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     for a logits call. ``logits_to_keep=1`` keeps the forward's own head to one column; ``use_cache=False``: a
     teacher-forced pass needs no KV cache (it would hold every layer's keys and values past the call).
     """
-    base = unwrap(model)
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    try:
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(base.forward).parameters else {}
-    except (TypeError, ValueError):
-        keep = {}
+    keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
                 output_hidden_states=True, use_cache=False, **keep)  # fmt: skip
     return out.hidden_states[-1]
@@ -218,7 +224,8 @@ class HeadLogProbs(torch.autograd.Function):
                 new_top = torch.maximum(top, z.max(-1).values)
                 scale, e = torch.exp(top - new_top), torch.exp(z - new_top[:, None])
                 total = total * scale + e.sum(-1)
-                weighted = weighted * scale + (e * z).sum(-1)  # Σ e^(z − max)·z, for the entropy
+                if entropy.numel():
+                    weighted = weighted * scale + (e * z).sum(-1)  # Σ e^(z − max)·z, for the entropy
                 top = new_top
                 picked += _pick(z, tokens[rows], cols)
                 if cols.stop == weight.shape[0]:  # the row block's last slice: its log-sum-exp is complete

@@ -57,7 +57,8 @@ class TokenLogProbs(nn.Module):
     """Wraps the whole policy LM: log π_θ(a_t | s_t) of every policy token from one teacher-forced forward.
 
     Returns ``(B, T)`` log-probs and entropies (of the tempered distribution; 0 where ``mask`` is
-    False) and the ``(B, T)`` tokens they are of (−1 elsewhere). Only the positions whose next token is
+    False; None without ``with_entropy``: the loss's diagnostics read them, π_old does not) and the
+    ``(B, T)`` tokens they are of (−1 elsewhere). Only the positions whose next token is
     a policy action meet the LM head, in chunks (:func:`textgym.token_logprobs.policy_logprobs`): no
     ``(B, T, V)`` tensor is formed, the prompt block, padding and a partner's reply cost no head. Given
     ``kept`` ``(B, T, W)``, the packed top-k/top-p sets the sampler drew each token from, the
@@ -71,11 +72,12 @@ class TokenLogProbs(nn.Module):
         self.temperature = temperature
 
     def forward(self, sequence: torch.Tensor, sequence_mask: torch.Tensor, mask: torch.Tensor,
-                kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+                kept: torch.Tensor | None = None,
+                with_entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:  # fmt: skip
         ids, attn = _first_step(sequence), _first_step(sequence_mask)  # (B, L)
         select = mask.bool()  # (B, T)
         logp, entropy = policy_logprobs(self.model, ids, attn, self.prompt_len, select, self.temperature, kept,
-                                        with_entropy=True)  # fmt: skip
+                                        with_entropy)  # fmt: skip
         tokens = torch.where(select, ids[:, self.prompt_len :], -1)
         return logp, entropy, tokens
 

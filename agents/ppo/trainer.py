@@ -230,7 +230,7 @@ class Trainer:
             for rows in minibatches:
                 mb = data[rows]
                 logp, _, _ = self.actor_logprobs(
-                    mb["sequence"], mb["sequence_mask"], mb["mask"], mb.get("kept", None)
+                    mb["sequence"], mb["sequence_mask"], mb["mask"], mb.get("kept", None), with_entropy=False
                 )  # (b, T)
                 out.append(logp)
         self._last_logprobs.clear()
