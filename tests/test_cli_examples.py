@@ -185,6 +185,14 @@ def test_example_and_bench_scripts(cmd, tmp_path):
     assert out.strip()
 
 
+def test_decode_step_bench_prints_each_decoders_time_and_its_gap_to_the_dynamic_cache():
+    out = run([sys.executable, "bench/decode_step.py", "--quick", "--precision", "fp32", "--threads", "1"])
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.split()[:1] == ["2"]}
+    assert set(rows) == {"dynamic", "ring"}  # no CUDA: no graph row
+    assert float(rows["dynamic"][4]) == 0.0 and float(rows["ring"][4]) < 1e-4  # fp32: rounding only
+    assert float(rows["ring"][2]) > 0 and "peak RSS" in out
+
+
 def test_memory_bench_prints_a_peak_for_each_algorithm(tmp_path):
     """bench/memory.py runs each row in a process of its own and prints its peak RSS, policy tokens and context."""
     out = run([sys.executable, "bench/memory.py", "--rows", "embedded", "--quick", "--no-slopes", "--threads", "1"])

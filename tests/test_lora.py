@@ -129,3 +129,47 @@ def test_pi_ref_scored_at_the_episodes_end_runs_with_the_adapters_off(trained):
         truth, _ = response_logprobs(load_causal_lm(DEFAULT_LM), episode["input_ids"], episode["attention_mask"],
                                      base.max_prompt_tokens)  # fmt: skip
     torch.testing.assert_close(episode["ref_logprob"][mask], truth[mask], atol=1e-5, rtol=0)
+
+
+def test_the_merged_rollout_copy_samples_the_trained_policy(tmp_path):
+    """merged_rollout: the sampler reads a plain copy whose weights are W + ΔW of the current adapters."""
+    from textgym.agents.ppo.merged_policy import MergedPolicy
+
+    trainer = Trainer.create(lora_cfg(tmp_path / "run", merged_rollout=True))
+    merged = trainer.merged
+    assert trainer.sampler.model is merged.model and merged.model is not trainer.envs.unwrapped.model
+    assert not any(p.requires_grad for p in merged.model.parameters())
+    trainer.iteration()  # the update moves the adapters; the next rollout refreshes the copy first
+    ptrs = [p.data_ptr() for p in merged.model.parameters()]
+    episodes = collect_episodes(trainer.envs, trainer.sampler, seed=3)  # the copy as the first update left it
+    P, ids, attn = trainer.envs.unwrapped.max_prompt_tokens, episodes["input_ids"], episodes["attention_mask"]
+    mask = episodes["mask"].bool()
+    with torch.no_grad():
+        peft_lp, _ = response_logprobs(trainer.policy, ids, attn, P)
+        stale_lp, _ = response_logprobs(merged.model, ids, attn, P)
+    assert (stale_lp[mask] - peft_lp[mask]).abs().max() > 1e-3  # not yet refreshed: the adapters moved
+    merged.refresh()
+    with torch.no_grad():
+        merged_lp, _ = response_logprobs(merged.model, ids, attn, P)
+    torch.testing.assert_close(merged_lp[mask], peft_lp[mask], atol=1e-5, rtol=0)
+    assert [p.data_ptr() for p in merged.model.parameters()] == ptrs  # in place: a captured graph sees it
+    stats = trainer.iteration()
+    assert stats["logprob_mismatch_max"] < 1e-4  # the sampler's log-probs are π_old's: refreshed before the rollout
+    head = trainer.policy.base_model.model.lm_head.weight  # tied to the embedding
+    head.requires_grad_(True)
+    try:
+        with pytest.raises(ValueError, match=r"LoRA adapters only; the policy also trains \[.base_model.model.model"):
+            MergedPolicy(trainer.policy)
+    finally:
+        head.requires_grad_(False)
+
+
+def test_merged_rollout_and_decoder_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="merged_rollout=True merges LoRA adapters into a copy; lora_rank=0"):
+        PPOConfig(**{**PRESETS["tiny"], "merged_rollout": True})
+    with pytest.raises(ValueError, match="merged_rollout='yes' is a str; merged_rollout takes a bool or None"):
+        PPOConfig(**{**PRESETS["tiny"], "lora_rank": 2, "merged_rollout": "yes"})
+    with pytest.raises(ValueError, match=r"decoder='static' is not one of \('auto', 'dynamic', 'ring', 'graph'\)"):
+        PPOConfig(**{**PRESETS["tiny"], "decoder": "static"})
+    with pytest.raises(ValueError, match="decoder='graph' captures CUDA graphs; device='cpu'"):
+        PPOConfig(**{**PRESETS["tiny"], "decoder": "graph", "device": "cpu"})

@@ -11,8 +11,8 @@ import torch
 from gymnasium.utils.env_checker import check_env
 
 from textgym.episodes import collect_episodes, make_episode_envs
-from textgym.models import CachedDecoder
 from textgym.policies import LMSampler
+from textgym.ring_decoder import make_decoder
 
 TOL = 1e-5
 
@@ -119,8 +119,8 @@ def test_stepping_by_hand_keeps_the_per_step_reward_bit_for_bit():
     base = env.unwrapped
     assert base.reference_scoring == "step"  # gym.make's default
     obs, _ = env.reset(seed=0, options={"prompt": "The movie was"})
-    # an independent cached decode of π_ref over the same tokens: the same kernels, so the same bits
-    decoder = CachedDecoder(base.model, 1, obs["input_ids"].shape[0])
+    # an independent cached decode of π_ref over the same tokens, in the env's kind of cache: the same bits
+    decoder = make_decoder("auto", base.model, 1, obs["input_ids"].shape[0])
     P = base.max_prompt_tokens
     ids, mask = torch.as_tensor(obs["input_ids"][None, :P]), torch.as_tensor(obs["attention_mask"][None, :P])
     logits = decoder.prefill(torch.tensor([0]), ids[:, -int(mask.sum()) :], mask[:, -int(mask.sum()) :])

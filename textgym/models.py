@@ -440,6 +440,11 @@ class CachedDecoder:
         self.mask = torch.zeros(num_slots, 0, dtype=torch.long, device=self.device)  # (N, C)
         self.next_pos = torch.zeros(num_slots, dtype=torch.long, device=self.device)  # (N,)
 
+    @property
+    def started(self) -> bool:
+        """Whether any slot was prefilled since the last :meth:`reset` (a step before that has nothing to extend)."""
+        return self.cache is not None
+
     def reset(self) -> None:
         """Forget every slot."""
         self.cache = None

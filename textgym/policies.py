@@ -13,7 +13,8 @@ import torch
 from torch import Tensor
 
 from textgym.functional import pack_mask, sample_categorical
-from textgym.models import CachedDecoder, context_rows
+from textgym.models import context_rows
+from textgym.ring_decoder import make_decoder
 
 __all__ = ["LMSampler", "kept_tokens", "restrict_logits", "truncate_logits"]
 
@@ -89,6 +90,9 @@ class LMSampler:
             token); the log-prob returned is under that distribution.
         seed: seeds a new generator when ``generator`` is None (without either, sampling draws from
             torch's global RNG: a run is reproducible only under ``torch.manual_seed``).
+        decoder: the KV cache (:func:`textgym.ring_decoder.make_decoder`): ``ring`` (preallocated, fixed
+            shapes), ``graph`` (the ring's step replayed as a CUDA graph), ``dynamic`` (a ``DynamicCache``
+            that grows a column per step), ``auto`` (graph on CUDA, ring elsewhere).
     """
 
     def __init__(
@@ -103,6 +107,7 @@ class LMSampler:
         top_k: int | None = None,
         top_p: float | None = None,
         seed: int | None = None,
+        decoder: str = "auto",
     ):
         if temperature < 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
@@ -112,7 +117,7 @@ class LMSampler:
         self.eos = eos_token_id
         self.temperature = temperature
         self.top_k, self.top_p = top_k, top_p
-        self.decoder = CachedDecoder(model, num_slots, max_len)
+        self.decoder = make_decoder(decoder, model, num_slots, max_len)
         self.device = self.decoder.device
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -155,7 +160,7 @@ class LMSampler:
         # row re-reads its whole conversation, as a prefill, instead of one cached step per token.
         reread = np.flatnonzero((self.fed >= 0) & (resp_len > self.fed + 1))
         out = None
-        if self.decoder.cache is not None and (resp_len > 0).any():
+        if self.decoder.started and (resp_len > 0).any():
             last = ids[np.arange(n), self.prompt_len + np.maximum(resp_len, 1) - 1]
             feed = np.where(cont, last, self.eos)
             out = self.decoder.step(torch.as_tensor(feed, device=self.device))

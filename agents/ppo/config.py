@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from textgym.envs import DEFAULT_KL_COEF, check_kl_coef
+from textgym.ring_decoder import DECODERS
 
 __all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
            "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip
@@ -27,19 +28,19 @@ FIELD_GROUPS = {
                   "ppo_epochs", "num_minibatches", "clip_epsilon", "clip_value", "critic_coef", "gamma", "lmbda",
                   "whiten_rewards", "max_grad_norm", "early_stop_kl"),
     "optimiser": ("learning_rate", "critic_learning_rate", "lr_schedule", "warmup_iterations", "lora_rank",
-                  "lora_alpha"),
+                  "lora_alpha", "merged_rollout"),
     "env (the task)": ("env_id", "model", "reward_model", "gold_scorer", "prompts", "prompt_column", "eval_prompts",
                        "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout",
                        "partner", "max_turns", "max_turn_tokens"),
     "sampling": ("temperature", "top_k", "top_p"),
-    "run": ("total_episodes", "num_envs", "seed", "device", "precision", "gradient_checkpointing", "threads",
+    "run": ("total_episodes", "num_envs", "seed", "device", "precision", "gradient_checkpointing", "decoder", "threads",
             "deterministic", "out", "resume",
             "checkpoint_every", "progress", "report_to", "samples_every", "num_samples", "eval_every",
             "eval_episodes"),
     "cluster (Ray rollout workers)": ("num_workers", "ray_address", "async_rollout"),
 }  # fmt: skip
 CHOICES = {"algo": ALGOS, "grpo_scale": GROUP_SCALES, "kl_penalty": KL_PENALTIES, "lr_schedule": LR_SCHEDULES,
-           "precision": ("auto", "fp32", "bf16")}  # fmt: skip
+           "precision": ("auto", "fp32", "bf16"), "decoder": DECODERS}  # fmt: skip
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
                "eval_episodes", "ray_address", "report_to", "reward_timeout", "gradient_checkpointing")  # fmt: skip
@@ -121,6 +122,10 @@ class PPOConfig:
             are put in training mode for it, every other module stays in eval mode): the update's activations
             shrink about 13x at SmolLM2's shape for one more forward per minibatch; the numbers are the same
             (tested). For long contexts (conversations): docs/performance.md, "Memory".
+        decoder: the rollout sampler's KV cache (``textgym.ring_decoder``): ``ring`` (preallocated, a decode step
+            of fixed shapes), ``graph`` (the ring's step replayed as a CUDA graph; CUDA only), ``dynamic`` (a
+            ``DynamicCache`` grown by one column per step), ``auto`` (graph on CUDA, ring elsewhere). The same
+            distribution in each; the logits differ by float rounding (a softmax summed in another order).
         tis_cap: cap C of the truncated importance weight min(π_old/π_sampler, C) on each token's
             policy-gradient term, where π_old is the update's teacher-forced log-prob and π_sampler
             the one the rollout drew the token with (they differ by rounding, most under bf16:
@@ -138,6 +143,9 @@ class PPOConfig:
             model's (small) backbone when it shares the tokenizer, else a frozen copy of the body with
             its own adapters and a value head.
         lora_alpha: LoRA scaling numerator (default 2·R; the update is scaled by alpha/R).
+        merged_rollout: with LoRA, the rollout samples from a copy of the policy with the adapters merged into
+            its weights (``agents/ppo/merged_policy.py``; refreshed before each rollout): one matmul per linear
+            instead of three, for one more base model in memory. None: on CUDA only.
         lr_schedule: ``constant``, ``linear`` or ``cosine`` decay to 0 over the run (transformers' schedulers),
             in iterations, after the warmup.
         warmup_iterations: iterations of linear learning-rate warmup from 0 (0: none).
@@ -201,6 +209,7 @@ class PPOConfig:
     kl_penalty: str = "k1_reward"
     precision: str = "auto"
     gradient_checkpointing: bool = False
+    decoder: str = "auto"
     tis_cap: float | None = 2.0
     temperature: float = 1.0
     top_k: int | None = None
@@ -209,6 +218,7 @@ class PPOConfig:
     critic_learning_rate: float = 3e-4
     lora_rank: int = 0
     lora_alpha: float | None = None
+    merged_rollout: bool | None = None
     lr_schedule: str = "constant"
     warmup_iterations: int = 0
     early_stop_kl: float | None = None
@@ -316,6 +326,16 @@ class PPOConfig:
         from .reporting import check_reporters  # names and installed packages only: no backend imported
 
         check_reporters(self.report_to)
+        self._check_rollout_model()
+
+    def _check_rollout_model(self) -> None:
+        """The rollout's KV cache and its LoRA merge."""
+        if self.decoder not in DECODERS:
+            raise ValueError(f"decoder={self.decoder!r} is not one of {DECODERS}")
+        if self.decoder == "graph" and self.device == "cpu":
+            raise ValueError("decoder='graph' captures CUDA graphs; device='cpu' (use 'ring' or 'auto')")
+        if self.merged_rollout and not self.lora_rank:
+            raise ValueError("merged_rollout=True merges LoRA adapters into a copy; lora_rank=0 trains every weight")
         self._check_workers()
 
     def _check_workers(self) -> None:

@@ -36,6 +36,7 @@ from .calibration import run_norm
 from .config import PPOConfig
 from .guards import check_finite, check_finite_weights
 from .kl import make_kl_controller
+from .merged_policy import MergedPolicy, merges_lora
 from .models import (
     TokenLogProbs,
     make_envs,
@@ -75,6 +76,7 @@ class Trainer:
     env_overrides: dict = field(default_factory=dict)  # gym.make arguments beyond the config's (the benchmark's)
     last_episodes: Any = None  # the last rollout's episodes (for the logged samples)
     rollouts: Any = None  # where episodes come from (.sources): this process or Ray workers; rank 0 only
+    merged: MergedPolicy | None = None  # a LoRA policy's merged copy the sampler reads (merged_rollout)
 
     # ------------------------------------------------------------------ setup
     @classmethod
@@ -112,12 +114,15 @@ class Trainer:
         # fused: one kernel over all parameters instead of a foreach loop (CPU and CUDA; docs/performance.md)
         optimizer = torch.optim.AdamW(groups, eps=1e-5, fused=device.type in ("cpu", "cuda"))
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        sampler = LMSampler.for_env(policy, envs, temperature=cfg.temperature, generator=generator, top_k=cfg.top_k,
-                                    top_p=cfg.top_p)  # fmt: skip
+        merges = merges_lora(cfg.merged_rollout, cfg.lora_rank, device)
+        merged = MergedPolicy(policy) if merges else None  # the rollout samples from a plain merged copy
+        sampler = LMSampler.for_env(policy if merged is None else merged.model, envs, temperature=cfg.temperature,
+                                    generator=generator, top_k=cfg.top_k, top_p=cfg.top_p,
+                                    decoder=cfg.decoder)  # fmt: skip
         kl_ctl = make_kl_controller(cfg.kl_coef, cfg.target_kl, cfg.kl_horizon)
         trainer = cls(cfg, envs, policy, critic, estimator, loss, actor_logprobs, optimizer, kl_ctl, sampler, device,
                       last_beta=kl_ctl.value, lr_factor=lr_schedule(cfg),
-                      env_overrides=dict(env_overrides or {}))  # fmt: skip
+                      env_overrides=dict(env_overrides or {}), merged=merged)  # fmt: skip
         last = trainer._last_logprobs  # the hook holds the list, not the trainer: no cycle keeps a dropped one alive
         actor_logprobs.register_forward_hook(lambda module, inputs, output: last.append(output))
         if distributed.is_main():  # rank 0 collects every rollout
@@ -210,6 +215,8 @@ class Trainer:
     def _collect(self, num_episodes: int | None, seed: int | None, timing: dict[str, float]):
         """The rollout's complete episodes, collected on rank 0 (:mod:`.sources`) and handed to every rank."""
         episodes = None
+        if self.merged is not None:
+            self.merged.refresh()  # the adapters as the last update (or a resumed checkpoint) left them
         if distributed.is_main():
             draw = partial(self.estimator.starts, self.envs)  # the learner's slots draw every prompt (and game)
             episodes = self.rollouts.collect(
@@ -357,7 +364,7 @@ class Trainer:
 
         def factory(envs):
             return LMSampler.for_env(self.policy, envs, temperature=cfg.temperature, top_k=cfg.top_k,
-                                     top_p=cfg.top_p, seed=cfg.seed)  # fmt: skip
+                                     top_p=cfg.top_p, seed=cfg.seed, decoder=cfg.decoder)  # fmt: skip
 
         result = evaluate(policy_factory=factory, episodes=cfg.eval_episodes, env_id=cfg.env_id, seed=cfg.seed,
                           num_envs=min(cfg.num_envs, cfg.eval_episodes), device=str(self.device),

@@ -31,7 +31,6 @@ from textgym.envs.checks import (
 from textgym.envs.prompts import load_prompts
 from textgym.envs.turns import ReplyTemplate, Turns
 from textgym.models import (
-    CachedDecoder,
     context_rows,
     left_pad,
     load_causal_lm,
@@ -40,6 +39,7 @@ from textgym.models import (
     resolve_device,
 )
 from textgym.rewards import Episodes, make_reward_model, score_checked
+from textgym.ring_decoder import make_decoder
 from textgym.token_logprobs import policy_logprobs
 from textgym.utils import short_repr
 
@@ -198,7 +198,7 @@ class Engine:
         """Every slot's episode state, sized once for ``num_slots`` × ``seq_len``: ``start`` and ``advance`` fill it."""
         self.num_slots = num_slots
         n, L = num_slots, self.seq_len
-        self.decoder = CachedDecoder(self.model, n, L)
+        self.decoder = make_decoder("auto", self.model, n, L)  # a ring (CUDA: its step a graph)
         self.input_ids = np.full((n, L), self.pad_id, dtype=np.int64)
         self.attention_mask = np.zeros((n, L), dtype=np.int64)
         self.length = np.zeros(n, dtype=np.int64)  # response tokens so far
