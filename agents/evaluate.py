@@ -33,7 +33,7 @@ __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "load_sampler", 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
 ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "gold_scorer", "env_id",
                 "chat_template", "normalize_reward", "eval_prompts", "partner", "max_turns",
-                "max_turn_tokens")  # fmt: skip
+                "max_turn_tokens", "max_prompt_tokens")  # fmt: skip
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 

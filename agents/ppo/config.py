@@ -31,7 +31,7 @@ FIELD_GROUPS = {
                   "lora_alpha", "merged_rollout"),
     "env (the task)": ("env_id", "model", "reward_model", "gold_scorer", "prompts", "prompt_column", "eval_prompts",
                        "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout",
-                       "partner", "max_turns", "max_turn_tokens"),
+                       "partner", "max_turns", "max_turn_tokens", "max_prompt_tokens"),
     "sampling": ("temperature", "top_k", "top_p"),
     "run": ("total_episodes", "num_envs", "seed", "device", "precision", "gradient_checkpointing", "decoder", "threads",
             "deterministic", "out", "resume",
@@ -93,6 +93,9 @@ class PPOConfig:
             stored). Turn it off for a policy model the stored statistics were not measured under.
         max_new_tokens: response length cap of the env (of a conversation: its tokens after the opening, the
             policy's and the partner's).
+        max_prompt_tokens: the env's prompt block (None: the longest prompt, or with a partner the longest
+            opening of seeds 0-3 plus a margin, ``textgym.envs.engine.opening_margin``); give it when a game's
+            opening for some seed is longer (the env's error names the width that fits).
         partner: who answers the policy in ``TextMultiTurn-v0``, by name: ``"textarena:<GameId>"``,
             ``"calculator"``, ``module:attr`` or an entry point (see :mod:`textgym.partners`); None: one turn.
         max_turns: the policy's turns per conversation (None: until the partner ends it or tokens run out).
@@ -198,6 +201,7 @@ class PPOConfig:
     chat_template: bool = False
     normalize_reward: bool | None = None
     max_new_tokens: int = 32
+    max_prompt_tokens: int | None = None
     partner: str | None = None
     max_turns: int | None = None
     max_turn_tokens: int | None = None
@@ -259,6 +263,8 @@ class PPOConfig:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a finite float > 0")
         check_kl_coef(self.kl_coef)
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens={self.max_prompt_tokens!r} must be an int >= 1 or None (the env's)")
         for name in ("critic_coef", "missing_eos_penalty"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -359,7 +365,9 @@ class PPOConfig:
         """The ``gym.make`` arguments this config sets."""
         kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
                   "missing_eos_penalty": self.missing_eos_penalty, "reward_timeout": self.reward_timeout}  # fmt: skip
-        for name in ("model", "reward_model", "gold_scorer", "prompts", "partner", "max_turns", "max_turn_tokens"):
+        optional = ("model", "reward_model", "gold_scorer", "prompts", "partner", "max_turns", "max_turn_tokens",
+                    "max_prompt_tokens")  # fmt: skip
+        for name in optional:
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
         if self.prompt_column != "prompt":

@@ -51,6 +51,19 @@ DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI
 REFERENCE_SCORING = ("step", "episode")
 _TEACHER_FORCED_ROWS = 64  # episodes per teacher-forced forward: bounds the body's activations (the head is chunked)
 _PROBED_OPENINGS = 4  # partner seeds whose openings size the prompt block when max_prompt_tokens is not given
+
+
+def opening_margin(longest: int) -> int:
+    """Columns the prompt block keeps beyond the longest probed opening: max(16, 1/8 of it).
+
+    Why: a game's opening varies with the seed (a board, a hand, a word list) and episodes draw seeds
+    below 2**30; probing them all is out of reach (RushHour resets in 0.47 s). Over seeds 0-199 with
+    SmolLM2's chat template the longest opening of each offline TextArena game exceeded the longest of
+    seeds 0-3 by at most 12 tokens (1.3 %; docs/multi-turn.md): the margin covers 4x that.
+    """
+    return max(16, longest // 8)
+
+
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
 
@@ -227,6 +240,8 @@ class Engine:
         encoded = [self.encode_prompt(p) for _, p in texts]
         longest = max(len(e) for e in encoded)
         width = longest if max_prompt_tokens is None else max_prompt_tokens
+        if max_prompt_tokens is None and len(texts) > len(self.prompts):  # openings: room for other seeds' ones
+            width = longest + opening_margin(longest)
         i = max(range(len(encoded)), key=lambda j: len(encoded[j]))
         self.longest_prompt = (texts[i], longest)  # named by _check_prompt_room
         if longest > width:
@@ -291,20 +306,22 @@ class Engine:
     def observation(self, slots) -> dict[str, np.ndarray]:
         return {"input_ids": self.input_ids[slots].copy(), "attention_mask": self.attention_mask[slots].copy()}
 
-    def encode_prompts(self, prompts: Sequence[str]) -> list[list[int]]:
+    def encode_prompts(self, prompts: Sequence[str], names: Sequence[str] | None = None) -> list[list[int]]:
         """Token ids of ``prompts``, each checked to fit in ``max_prompt_tokens`` (never truncated).
+
+        ``names``: what each prompt is, for the error (default ``prompt``; a partner's opening names its seed).
 
         Raises:
             TypeError: a prompt is not a str.
             ValueError: a prompt is longer than ``max_prompt_tokens``.
         """
         encoded = [self.encode_prompt(p) for p in prompts]
-        for p, ids in zip(prompts, encoded, strict=True):
+        for k, (p, ids) in enumerate(zip(prompts, encoded, strict=True)):
             if len(ids) > self.max_prompt_tokens:
                 raise ValueError(
-                    f"prompt={short_repr(p)} is {len(ids)} tokens, more than "
+                    f"{'prompt' if names is None else names[k]}={short_repr(p)} is {len(ids)} tokens, more than "
                     f"max_prompt_tokens={self.max_prompt_tokens}; prompts are never truncated: give a shorter one "
-                    "or build the env with a larger max_prompt_tokens"
+                    f"or build the env with max_prompt_tokens >= {len(ids)} (textgym train --max-prompt-tokens)"
                 )
         return encoded
 
@@ -320,7 +337,8 @@ class Engine:
         if self.turns is not None:
             seeds = [0] * len(slots) if partner_seeds is None else [int(x) for x in partner_seeds]
             prompts = self.turns.openings(slots, prompts, seeds)
-            encoded = None  # an opening is checked like a given prompt
+            names = [f"the partner's opening for seed {seed}" for seed in seeds]
+            encoded = self.encode_prompts(prompts, names)  # an opening is checked like a given prompt
         if encoded is None:
             encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
