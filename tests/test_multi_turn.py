@@ -501,3 +501,28 @@ def test_the_guess_bench_runs_its_reference_row_on_held_out_games(tmp_path):
     (row,) = run_benchmark(cfg)
     assert row["turns"] >= 1 and 0 <= row["turn_reward_sum"] <= 1.5 and math.isfinite(row["score"])
     assert row["score"] == row["turn_reward_sum"] and row["success"] in (0.0, 0.5, 1.0)
+
+
+class PaysOne(Counter):
+    """Pays 1.0 for every turn and never ends the game."""
+
+    def reply(self, conversation):
+        return "noted", 1.0, False
+
+
+def test_a_turn_ended_by_max_turn_tokens_on_the_budgets_last_column_is_answered_and_paid():
+    """Issue 42: one column earlier the turn is answered; on the last column it lost its reward and paid the
+    missing-EOS penalty, as if the budget had cut it."""
+    probe = make(partner=PaysOne, max_turn_tokens=3, max_new_tokens=40)
+    obs, *_ = play(probe, non_stop_actions(probe, 3))
+    P = probe.unwrapped.max_prompt_tokens
+    reply = int(obs["attention_mask"][P:].sum()) - 3  # the partner's reply, in tokens
+    sums = {}
+    for budget in (6 + reply, 7 + reply):  # the 2nd turn's 3rd token on the last column, then one column before it
+        env = make(partner=PaysOne, max_turn_tokens=3, max_new_tokens=budget, missing_eos_penalty=1.0)
+        _, rewards, infos, done = play(env, non_stop_actions(env, 40))
+        last = infos[-1]
+        assert done and not last["length_capped"] and float(last["eos_penalty"]) == 0.0, budget
+        sums[budget] = float(last["turn_reward_sum"])
+        assert int(last["turns"]) == 2 and last["conversation"][-1]["role"] == "assistant"
+    assert sums == {6 + reply: 2.0, 7 + reply: 2.0}

@@ -435,12 +435,15 @@ class Engine:
         stopped = np.zeros(n, dtype=bool)
         capped = np.zeros(n, dtype=bool)
         stopped[idx] = np.isin(actions[idx], self.stop_array)
-        capped[idx] = ~stopped[idx] & (self.length[idx] >= self.max_new_tokens)
+        turn_end = np.zeros(n, dtype=bool)  # the turn reached max_turn_tokens: answered as a stop token would be,
+        if self.turns is not None:  # on the budget's last column too (the cap then ends the episode after the answer)
+            turn_end[idx] = self.turns.turn_capped(idx, self.length)
+        capped[idx] = ~stopped[idx] & ~turn_end[idx] & (self.length[idx] >= self.max_new_tokens)
         done_before = self.done.copy()
         reward = np.where(stepped, self.kl_coef * ref_lp, 0.0)
         snapshot = None  # the conversations a turn ended in, as they were: restored if the step fails after them
         try:
-            ended, replies, turn, snapshot = self._end_turns(idx, stopped, capped, reward)
+            ended, replies, turn, snapshot = self._end_turns(idx, stopped | turn_end, capped, reward)
             self.done |= ended
             with self._reference_forward():  # π_ref and the reward models in their own dtypes
                 final = self._finish(np.flatnonzero(ended), capped, reward) if ended.any() else {}
@@ -483,20 +486,21 @@ class Engine:
         self.length[s] += k
 
     def _end_turns(
-        self, idx: np.ndarray, stopped: np.ndarray, capped: np.ndarray, reward: np.ndarray
+        self, idx: np.ndarray, turn_over: np.ndarray, capped: np.ndarray, reward: np.ndarray
     ) -> tuple[np.ndarray, dict[int, list[int]], dict[int, dict], dict | None]:
         """Which slots end their episode on this step, the replies to write after it, and the turn infos.
 
-        Without a partner an episode is one turn: a stop token or the cap ends it. With one, a stop token
-        or ``max_turn_tokens`` ends the policy's turn; its partner answers, its reward is paid on this step,
+        ``turn_over``: a stop token, or with a partner ``max_turn_tokens``, ended the slot's turn; ``capped``: the
+        length cap cut a response (a turn) short. Without a partner an episode is one turn: a stop token or the
+        cap ends it. With one, the turn's end has its partner answer, its reward paid on this step,
         and the episode ends if the partner says done, at ``max_turns``, or when its reply would leave no
         column for the policy's next token (the conversation's cap). The reply's tokens are returned, to be
         written once the step has succeeded, with the ended turns' conversations as they were (``Turns.snapshot``).
         """
         if self.turns is None:
-            return stopped | capped, {}, {}, None
+            return turn_over | capped, {}, {}, None
         P, turns = self.max_prompt_tokens, self.turns
-        ending = idx[(stopped[idx] | turns.turn_capped(idx, self.length)) & ~capped[idx]]
+        ending = idx[turn_over[idx]]
         texts = [self._turn_text(s) for s in ending]
         answers = turns.ask(ending, texts)
         over = turns.over(ending, answers)
