@@ -219,10 +219,17 @@ class NotText(Counter):
         return 42, 1.0, False
 
 
+class Surrogate(Counter):
+    def reply(self, conversation):
+        return "caf\udce9", 1.0, False
+
+
 @pytest.mark.parametrize(
     "partner, match",
-    [(Hanging, "did not return within partner_timeout=0.2"), (BadReward, "nan"), (NotText, "42")],
-)
+    [(Hanging, "did not return within partner_timeout=0.2"), (BadReward, "nan"), (NotText, "42"),
+     (Surrogate, r"partner 'Surrogate' \(env slot 0\)\.reply returned .*text has a lone surrogate '\\udce9' at index "
+                 "3: not valid Unicode")],
+)  # fmt: skip
 def test_a_hanging_or_malformed_partner_gets_one_clear_error_and_changes_nothing(partner, match):
     env = make(partner=partner, partner_timeout=0.2)
     actions = non_stop_actions(env, 3)
@@ -526,3 +533,37 @@ def test_a_turn_ended_by_max_turn_tokens_on_the_budgets_last_column_is_answered_
         sums[budget] = float(last["turn_reward_sum"])
         assert int(last["turns"]) == 2 and last["conversation"][-1]["role"] == "assistant"
     assert sums == {6 + reply: 2.0, 7 + reply: 2.0}
+
+
+class Flood(Counter):
+    """Answers with 10 MiB of text (pays 1.0, never ends)."""
+
+    def reply(self, conversation):
+        return "flood " * (10 * 2**20 // 6), 1.0, False
+
+
+def test_a_reply_too_long_to_fit_ends_the_episode_without_tokenising_it_and_its_info_is_bounded(monkeypatch):
+    env = make(partner=Flood, partner_timeout=5)
+    template = env.unwrapped._engine.turns.template
+    tokenised = []
+    call = type(template.tokenizer).__call__
+    monkeypatch.setattr(type(template.tokenizer), "__call__",
+                        lambda self, text, **kw: tokenised.append(len(text)) or call(self, text, **kw))  # fmt: skip
+    start = time.perf_counter()
+    _, rewards, infos, done = play(env, non_stop_actions(env, 3))
+    assert time.perf_counter() - start < 2  # 18.9 s before: the 10 MiB were tokenised, then thrown away
+    assert done and len(rewards) == 3 and float(infos[-1]["turn_reward_sum"]) == 1.0
+    assert max(tokenised, default=0) < 1000  # the template's pieces only, never the reply
+    limit = env.unwrapped.max_new_tokens * template.max_token_chars
+    reply = infos[-1]["reply"]
+    assert len(reply) < limit + 100 and reply.endswith(f"more characters cut: no reply can hold more than {limit}]")
+    assert reply.startswith("flood flood") and str(10 * 2**20 // 6 * 6 - limit) in reply
+
+
+def test_a_partner_opening_that_is_not_unicode_is_refused_naming_the_partner():
+    class BadOpening(Counter):
+        def reset(self, *, seed, prompt):
+            return "rules \ud800"
+
+    with pytest.raises(PartnerError, match=r"partner 'BadOpening' .*reset returned .*whose text has a lone surrogate"):
+        make(partner=BadOpening)

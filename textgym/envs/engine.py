@@ -505,21 +505,28 @@ class Engine:
         answers = turns.ask(ending, texts)
         over = turns.over(ending, answers)
         last = self.length[ending] - 1  # each turn's last token: its column in the response block
-        reply_ids = [None if over[k] else turns.template.ids(answers[k][0], int(self.input_ids[s, P + last[k]]))
-                     for k, s in enumerate(ending)]  # fmt: skip
+        room = self.max_new_tokens - 1 - self.length[ending]  # a reply must leave the policy a column to speak
+        # None: the episode ends here (the partner said so, or no room left: the conversation's cap ends it)
+        reply_ids = [None if over[k] else turns.template.ids(answers[k][0], int(self.input_ids[s, P + last[k]]),
+                                                              int(room[k])) for k, s in enumerate(ending)]  # fmt: skip
         snapshot = turns.snapshot(ending)  # from here on the conversations change
         ended, replies, infos = capped.copy(), {}, {}
         for k, s in enumerate(ending):
             s, ids = int(s), reply_ids[k]
-            if ids is not None and self.length[s] + len(ids) >= self.max_new_tokens:
-                ids = None  # no room left for the policy to speak: the conversation's cap ends the episode
             ended[s] = ids is None
             reward[s] += answers[k][1]
             turns.commit(s, texts[k], answers[k], int(last[k]), ids)
             if ids is not None:
                 replies[s] = ids
-            infos[s] = {"turn_reward": np.float64(answers[k][1]), "reply": answers[k][0]}
+            infos[s] = {"turn_reward": np.float64(answers[k][1]), "reply": self._shown_reply(answers[k][0])}
         return ended, replies, infos, snapshot
+
+    def _shown_reply(self, text: str) -> str:
+        """A reply as ``info["reply"]`` shows it: whole, or cut past what any reply of this conversation can hold."""
+        limit = self.max_new_tokens * self.turns.template.max_token_chars
+        if len(text) <= limit:
+            return text
+        return f"{text[:limit]}… [{len(text) - limit} more characters cut: no reply can hold more than {limit}]"
 
     def _turn_text(self, slot: int) -> str:
         """The text of the policy's current turn in ``slot`` (its stop token left out)."""

@@ -16,6 +16,7 @@ the reply leaves no column for the policy's next token).
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,12 +58,26 @@ class ReplyTemplate:
         before, _, after = suffix.partition(_USER)
         return before, after
 
-    def ids(self, text: str, last_token: int) -> list[int]:
-        """The reply's tokens after a policy turn whose last token is ``last_token``.
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """An upper bound on the characters one token covers: twice its longest token's string.
+
+        Why: a reply is only tokenised as far as it can fit. A token's string (byte-level ``Ġword``, ``▁word``,
+        ``<0x0A>``) is at least as long as the text it covers; the factor 2 leaves room for normalisers
+        that merge characters (NFKC).
+        """
+        tok = self.tokenizer
+        return 2 * max(len(t) for t in tok.convert_ids_to_tokens(list(range(len(tok)))) if t is not None)
+
+    def ids(self, text: str, last_token: int, room: int | None = None) -> list[int] | None:
+        """The reply's tokens after a policy turn whose last token is ``last_token``; None if more than ``room``.
 
         A turn that ended on a stop token the template writes itself (``<|im_end|>``) already holds it:
-        the template's copy is left out, so the turn is closed once.
+        the template's copy is left out, so the turn is closed once. A reply longer than ``room`` tokens
+        could hold is not tokenised at all: a partner's 10 MiB answer costs no time and no memory.
         """
+        if room is not None and len(text) > max(room, 0) * self.max_token_chars:
+            return None
         before = self.before
         closing = self.tokenizer.decode([last_token]) if last_token in self.stop_ids else ""
         if closing and before.startswith(closing):
@@ -71,7 +86,7 @@ class ReplyTemplate:
         out = tok(before, add_special_tokens=False)["input_ids"] if before else []
         out += tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] if text else []
         out += tok(self.after, add_special_tokens=False)["input_ids"] if self.after else []
-        return out
+        return out if room is None or len(out) <= room else None
 
 
 class Turns:

@@ -270,6 +270,8 @@ def reset_checked(
             f"{_who(partner, slot)}.reset returned {type(out).__name__} {short_repr(out)}; "
             "reset(seed=..., prompt=...) must return the opening text (str) or None to keep the env's prompt"
         )
+    if out is not None and (bad := _not_unicode(out)) is not None:
+        raise PartnerError(f"{_who(partner, slot)}.reset returned {short_repr(out)}, whose text {bad}")
     return out
 
 
@@ -290,6 +292,15 @@ def _call(method: str, fn: Callable[[], Any], partner: Any, timeout: float | Non
         raise PartnerError(f"{_who(partner, slot)}.{method} raised {type(err).__name__}: {err}") from err
 
 
+def _not_unicode(text: str) -> str | None:
+    """What makes ``text`` no valid Unicode (a lone surrogate, which no tokenizer encodes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"has a lone surrogate {text[err.start]!r} at index {err.start}: not valid Unicode"
+    return None
+
+
 def _reply_problem(out: Any) -> str | None:
     """What is wrong with a ``reply`` result, or None when it is ``(str, finite real, bool)``."""
     if not isinstance(out, (tuple, list)) or len(out) != 3:
@@ -298,6 +309,8 @@ def _reply_problem(out: Any) -> str | None:
     text, reward, done = out
     if not isinstance(text, str):
         return f"text is {type(text).__name__}, not str"
+    if (bad := _not_unicode(text)) is not None:
+        return f"text {bad}"
     # bool is a number to Python; here it is a verdict, not a reward: return 1.0 or 0.0 to mean one
     if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
         return f"reward is {type(reward).__name__}, not a real number"
