@@ -748,3 +748,31 @@ def test_a_negative_seed_names_the_flag(command, tmp_path, capsys):
         main([c.replace("{tmp}", str(tmp_path)) for c in command] + ["--seed", "-1"])
     assert exit_.value.code == 2
     assert "argument --seed: '-1' is not an int in [0, 2**32 - 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env_id, kwargs, match",
+    [
+        ("TextRLHF-v0", {"max_new_token": 8}, r"TextRLHFEnv got an unexpected keyword argument 'max_new_token'; did "
+                                              r"you mean 'max_new_tokens'\? it takes: action_mask_top_p, .*tokenizer"),
+        ("TextMultiTurn-v0", {"partner": "calculator", "max_turn": 2},
+         r"TextMultiTurnEnv got an unexpected keyword argument 'max_turn'; did you mean 'max_turns'\? .*partner"),
+        ("TextRLHF-v0", {"partner": "calculator"}, r"TextRLHFEnv is single-turn: partner= is an argument of a "
+                                                   r"conversation, gym.make\('TextMultiTurn-v0', partner=...\)"),
+        ("TextArithmetic-v0", {"max_turns": 2}, r"is single-turn: max_turns= is an argument of a conversation"),
+        ("TextRLHF-v0", {"zzz": 1}, r"unexpected keyword argument 'zzz'; it takes: action_mask_top_p"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_or_misplaced_env_argument_names_the_env_the_close_match_and_what_it_takes(env_id, kwargs, match):
+    """Issue 42.9: the engine's own TypeError named neither the env nor its arguments; partner= on TextRLHF-v0
+    silently made a conversation."""
+    with pytest.raises(TypeError, match=match):
+        gym.make(env_id, **kwargs)
+    with pytest.raises(TypeError, match=match.replace("Env ", "VectorEnv ")):
+        gym.make_vec(env_id, num_envs=2, vectorization_mode="vector_entry_point", **kwargs)
+
+
+def test_a_textarena_game_with_a_capitalised_prefix_is_refused_naming_the_prefix():
+    with pytest.raises(ValueError, match=r"partner='TextArena:GuessTheNumber-v0': TextArena games are named with a "
+                                         r"lower-case prefix, 'textarena:GuessTheNumber-v0'"):  # fmt: skip
+        gym.make("TextMultiTurn-v0", partner="TextArena:GuessTheNumber-v0")

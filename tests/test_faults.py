@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -424,7 +425,7 @@ def test_a_config_file_with_a_string_bool_fails_before_any_model_loads(run, tmp_
 
 
 def test_a_batch_beyond_the_machines_memory_is_refused_with_the_estimate(tmp_path, monkeypatch):
-    from textgym.agents.ppo import guards
+    from textgym import memory as guards  # the guard reads the machine's memory through textgym.memory
     from textgym.agents.ppo.guards import estimate_rollout_bytes
 
     cfg = tiny(tmp_path / "run", num_envs=100000, total_episodes=100000)
@@ -441,7 +442,7 @@ def test_a_batch_whose_peak_passes_the_machines_memory_is_refused_whatever_is_fr
     num_envs=100000 (19 GiB) ran for minutes on a machine with about that much free. The peak it implies (the
     measured PEAK_OVER_ESTIMATE times it) is held against the machine's memory, whatever is free, and against what
     is free now."""
-    from textgym.agents.ppo import guards
+    from textgym import memory as guards  # the guard reads the machine's memory through textgym.memory
     from textgym.agents.ppo.guards import PEAK_OVER_ESTIMATE, check_memory, estimate_rollout_bytes
 
     cfg = tiny(tmp_path / "run", num_envs=16000, total_episodes=16000)
@@ -461,7 +462,7 @@ def test_a_batch_whose_peak_passes_the_machines_memory_is_refused_whatever_is_fr
 
 def test_a_refused_batch_writes_nothing_into_out(tmp_path, monkeypatch):
     """Issue 37.5: the memory check came after OUT was created and locked."""
-    from textgym.agents.ppo import guards
+    from textgym import memory as guards  # the guard reads the machine's memory through textgym.memory
 
     monkeypatch.setattr(guards, "available_memory", lambda: 2**20)
     with pytest.raises(ValueError, match=r"num_envs=8 needs about"):
@@ -657,3 +658,43 @@ def test_the_fault_trials_kill_loop_resumes_to_the_uninterrupted_run(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert "kill at rename 10/15: 1 kill(s), then resumed: identical" in done.stdout
     assert "2 of 2 trials identical to the uninterrupted run" in done.stdout
+
+
+def test_the_env_refuses_slots_beyond_the_machines_memory_before_allocating_them(monkeypatch):
+    """Issue 42.5: 10**5 and 10**6 slots ran into a watchdog; the env refuses them, naming how many fit."""
+    from textgym import memory
+    from textgym.envs.engine import slot_bytes
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^num_envs=1000000 needs at least [\d.]+ GiB for the env's slots \([\d.]+ "
+                       r"MiB each: π_ref's next-token logits over 2048 tokens, its KV cache of \d+ columns and the "
+                       r"observations\), more than the [\d.]+ GiB (this machine has|available now); at most \d+ slots "
+                       r"fit"):  # fmt: skip
+        gym.make_vec("TextRLHF-v0", num_envs=10**6, vectorization_mode="vector_entry_point")
+    assert time.perf_counter() - start < 30
+    per_slot = slot_bytes(2048, 4, 64, 4, 10, 6, cached=True)
+    assert per_slot == 2048 * 4 + 2 * 4 * 64 * 11 * 4 + 2 * 10 * 8 + 6 * 9  # logits, K and V, obs, turn arrays
+    monkeypatch.setattr(memory, "available_memory", lambda: 300 * 2**20)
+    with pytest.raises(ValueError, match=r"num_envs=5000 .* more than the 0.29 GiB available now; at most \d+ slots"):
+        gym.make_vec("TextRLHF-v0", num_envs=5000, vectorization_mode="vector_entry_point", max_new_tokens=4)
+
+
+def test_the_batch_guard_reads_named_models_and_counts_the_prompt_block(tmp_path, monkeypatch):
+    """Issue 42.5: the guard skipped a named model (smollm2-guess-ppo with 2048 slots was not refused, its folder
+    path was), and its estimate left out the prompt block (185-1100+ tokens for a game's opening)."""
+    from textgym import memory
+    from textgym.agents.ppo.config import PRESETS
+    from textgym.agents.ppo.guards import check_memory, estimate_rollout_bytes
+    from textgym.named_models import smollm2_folder
+
+    named = PPOConfig(**{**PRESETS["smollm2-guess-ppo"], "num_envs": 2048, "out": str(tmp_path / "run")})
+    by_path = PPOConfig(**{**named.to_dict(), "model": str(smollm2_folder())})
+    assert estimate_rollout_bytes(named) == estimate_rollout_bytes(by_path) is not None
+    monkeypatch.setattr(memory, "total_memory", lambda: 24 * 2**30)
+    monkeypatch.setattr(memory, "available_memory", lambda: 20 * 2**30)
+    with pytest.raises(ValueError, match=r"num_envs=2048 needs about"):
+        check_memory(named)
+    tiny_cfg = tiny(tmp_path / "run")
+    layers, kv_width = 4, 256  # the embedded LM: 4 layers, 4 KV heads of 64
+    extra = estimate_rollout_bytes(tiny_cfg, prompt_block=1001) - estimate_rollout_bytes(tiny_cfg)
+    assert extra == tiny_cfg.num_envs * 2 * (2 * layers * kv_width * 1000 * 4)  # env and sampler caches, fp32

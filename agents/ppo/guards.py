@@ -14,13 +14,14 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["NonFiniteError", "Stopped", "available_memory", "check_finite", "check_finite_weights", "check_memory",
-           "estimate_rollout_bytes", "first_non_finite", "stop_on_sigterm", "total_memory"]  # fmt: skip
+from textgym import memory
+
+__all__ = ["NonFiniteError", "Stopped", "check_finite", "check_finite_weights", "check_memory",
+           "estimate_rollout_bytes", "first_non_finite", "stop_on_sigterm"]  # fmt: skip
 
 
 class NonFiniteError(FloatingPointError):
@@ -76,46 +77,18 @@ def check_finite_weights(models: Mapping[str, torch.nn.Module], iteration: int) 
 PEAK_OVER_ESTIMATE = 10
 
 
-def available_memory() -> int | None:
-    """Bytes of memory a new allocation can still get (``MemAvailable``), or None where it cannot be read."""
-    return _meminfo("MemAvailable")
-
-
-def total_memory() -> int | None:
-    """Bytes of memory this process may ever use: ``MemTotal``, or a smaller cgroup limit (a container's)."""
-    sizes = [_meminfo("MemTotal")]
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            sizes.append(int(Path(path).read_text().strip()))
-        except (OSError, ValueError):  # no such cgroup file, or "max": no limit
-            continue
-    known = [size for size in sizes if size is not None]
-    return min(known) if known else None
-
-
-def _meminfo(key: str) -> int | None:
-    """``key`` of ``/proc/meminfo`` in bytes, or None where it cannot be read."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _model_dims(cfg) -> dict[str, int] | None:
     """Layers, KV width and vocabulary of the run's π_ref from its ``config.json`` (no weights load), or None."""
     import gymnasium as gym
     from transformers import AutoConfig
 
     from textgym.models import DEFAULT_LM
+    from textgym.named_models import resolve_named_model
 
     model = cfg.model or gym.spec(cfg.env_id).kwargs.get("model") or DEFAULT_LM
-    if not Path(str(model)).is_dir():
-        return None  # a named or hub model: its config is read when it loads
     try:
-        config = AutoConfig.from_pretrained(str(model))
+        model = resolve_named_model(str(model)) or str(model)  # a name (smollm2-135m-instruct): its folder
+        config = AutoConfig.from_pretrained(model, local_files_only=True)  # a folder, or a hub id in the local cache
         config = getattr(config, "text_config", None) or config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -125,25 +98,24 @@ def _model_dims(cfg) -> dict[str, int] | None:
         return None
 
 
-def check_memory(cfg) -> None:
+def check_memory(cfg, prompt_block: int | None = None) -> None:
     """Refuse a batch whose rollout and update would not fit in memory, with the margin the estimate leaves out.
 
     The estimate times ``PEAK_OVER_ESTIMATE`` (the measured peak) is held against the machine's memory
-    (refused whatever is free now) and against the memory free now.
+    (refused whatever is free now) and against the memory free now. ``prompt_block``: the env's, once it is
+    built (before: ``max_prompt_tokens`` if given, else none counted).
 
     Raises:
         ValueError: naming ``num_envs``, the estimate, the peak it implies and the memory it was held against.
     """
-    need = estimate_rollout_bytes(cfg)
+    need = estimate_rollout_bytes(cfg, prompt_block)
     if need is None:
         return
-    peak, total, have = need * PEAK_OVER_ESTIMATE, total_memory(), available_memory()
-    if total is not None and peak > total:
-        limit = f"the {total / 2**30:.2f} GiB this machine has"
-    elif have is not None and peak > have:
-        limit = f"the {have / 2**30:.2f} GiB available now"
-    else:
+    peak = need * PEAK_OVER_ESTIMATE
+    over = memory.exceeded(peak)
+    if over is None:
         return
+    limit = over[0]
     raise ValueError(
         f"num_envs={cfg.num_envs} needs about {need / 2**30:.2f} GiB for its rollout caches and one update's "
         f"logits, a lower bound: with the models, optimizer and the update's activations a run's peak was about "
@@ -152,18 +124,19 @@ def check_memory(cfg) -> None:
     )
 
 
-def estimate_rollout_bytes(cfg) -> int | None:
+def estimate_rollout_bytes(cfg, prompt_block: int | None = None) -> int | None:
     """A lower bound of the memory ``cfg``'s batch takes in this process, or None when the model is unknown.
 
-    Counted, each in float32: π_ref's KV cache in the env and the policy's in the sampler (one
-    response's positions, the prompt not counted), each slot's next-token logits in both, and the
-    update's logits, log-softmax and their gradient for one minibatch. Models, optimizer and the
-    prompt part of the caches come on top, so a refusal never stops a run that would fit.
+    Counted, each in float32: π_ref's KV cache in the env and the policy's in the sampler (the prompt
+    block's and the response's positions), each slot's next-token logits in both, and the update's
+    logits, log-softmax and their gradient for one minibatch. Models, optimizer and activations come on
+    top, so a refusal never stops a run that would fit.
     """
     dims = _model_dims(cfg)
     if dims is None:
         return None
-    positions = cfg.max_new_tokens + 1  # at least BOS and the response
+    block = prompt_block or cfg.max_prompt_tokens or 1  # at least BOS
+    positions = block + cfg.max_new_tokens
     kv = 2 * dims["layers"] * dims["kv_width"] * positions * 4  # K and V, float32
     per_slot = 2 * (kv + dims["vocab"] * 4)  # env (π_ref) and sampler (policy)
     if cfg.num_workers:

@@ -34,7 +34,7 @@ from . import checkpoint, distributed
 from .algorithms import make_estimator
 from .calibration import run_norm
 from .config import PPOConfig
-from .guards import check_finite, check_finite_weights
+from .guards import check_finite, check_finite_weights, check_memory
 from .kl import make_kl_controller
 from .merged_policy import MergedPolicy, merges_lora
 from .models import (
@@ -96,6 +96,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         envs = make_envs(cfg, cfg.num_envs, device, env_overrides)
         base = envs.unwrapped
+        check_memory(cfg, base.max_prompt_tokens)  # again, with the prompt block the env sized (openings: 185-1100)
         # the scale this run pays, given explicitly from here on: Ray workers, eval and a resume use it as it is,
         # never a second reading of a server's /health that may answer otherwise (or not at all)
         norm = base._engine.norm  # the env exposes it nowhere else (as the CLI's play reads it)

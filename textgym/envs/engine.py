@@ -30,6 +30,7 @@ from textgym.envs.checks import (
 )
 from textgym.envs.prompts import load_prompts
 from textgym.envs.turns import ReplyTemplate, Turns
+from textgym.memory import exceeded
 from textgym.models import (
     context_rows,
     left_pad,
@@ -65,6 +66,18 @@ def opening_margin(longest: int) -> int:
 
 
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
+
+
+def slot_bytes(vocab: int, layers: int, kv_width: int, itemsize: int, seq_len: int, max_new_tokens: int,
+               cached: bool) -> int:  # fmt: skip
+    """A lower bound of one env slot's memory, in bytes.
+
+    π_ref's next-token logits (V float32); its KV cache when it scores step by step (K and V of every layer,
+    ``seq_len + 1`` ring columns, π_ref's dtype); the observation (ids and mask, int64) and a conversation's
+    per-column arrays (policy mask, turn reward). The model and the reward models come on top.
+    """
+    kv = 2 * layers * kv_width * (seq_len + 1) * itemsize if cached else 0
+    return vocab * 4 + kv + 2 * seq_len * 8 + max_new_tokens * 9
 
 
 def _fork_safe_threads() -> None:
@@ -155,6 +168,7 @@ class Engine:
         self.kl_coef = kl_coef
         _check_turn_arguments(partner, max_turns, max_turn_tokens, partner_timeout)
         self._load_reference(model, tokenizer, dtype, stop_token_ids, chat_template)
+        self._check_slots_fit(num_slots, (max_prompt_tokens or 1) + max_new_tokens, max_new_tokens)  # before N partners
         self.prompts = load_prompts(prompts, prompt_column)
         self.turns = None if partner is None else Turns(
             partner, num_slots, max_new_tokens, ReplyTemplate(self.tokenizer, self.chat_template, self.stop_ids),
@@ -167,7 +181,31 @@ class Engine:
         check_positions("model", self.model, self.seq_len, self.max_prompt_tokens, max_new_tokens)
         self._load_scorers(reward_model, gold_scorer, normalize_reward)
         self.missing_eos_penalty = missing_eos_penalty
+        self._check_slots_fit(num_slots, self.seq_len, max_new_tokens)  # now with the prompt block's width
         self._allocate_slots(num_slots)
+
+    def _check_slots_fit(self, num_slots: int, seq_len: int, max_new_tokens: int) -> None:
+        """Refuse ``num_slots`` slots whose arrays and caches would not fit in memory, naming how many would.
+
+        Raises:
+            ValueError: naming ``num_envs``, the bytes per slot, the memory they exceed and the slots that fit.
+        """
+        config = self.model.config
+        heads = config.num_attention_heads
+        kv_width = (getattr(config, "num_key_value_heads", None) or heads) * (
+            getattr(config, "head_dim", None) or config.hidden_size // heads)  # fmt: skip
+        itemsize = next(self.model.parameters()).element_size()
+        cached = self.reference_scoring == "step"
+        per_slot = slot_bytes(self.vocab_size, config.num_hidden_layers, kv_width, itemsize, seq_len, max_new_tokens,
+                              cached)  # fmt: skip
+        over = exceeded(num_slots * per_slot)
+        if over is not None:
+            raise ValueError(
+                f"num_envs={num_slots} needs at least {num_slots * per_slot / 2**30:.2f} GiB for the env's slots "
+                f"({per_slot / 2**20:.3f} MiB each: π_ref's next-token logits over {self.vocab_size} tokens"
+                f"{', its KV cache of ' + str(seq_len + 1) + ' columns' if cached else ''} and the observations), "
+                f"more than {over[0]}; at most {over[1] // per_slot} slots fit"
+            )
 
     def _load_reference(self, model, tokenizer, dtype, stop_token_ids, chat_template: bool) -> None:
         """π_ref and its tokenizer, and the token ids the episodes need from them (EOS, stops, PAD, BOS).

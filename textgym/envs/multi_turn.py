@@ -105,6 +105,8 @@ class TextMultiTurnEnv(TextRLHFEnv):
     """
     )
 
+    conversation = True  # takes partner= and the turn arguments
+
     def __init__(self, partner=None, render_mode: str | None = None, **kwargs: Any):
         if partner is None:
             raise TypeError(_NO_PARTNER)
@@ -125,6 +127,8 @@ class TextMultiTurnVectorEnv(TextRLHFVectorEnv):
         autoreset_mode: see ``TextRLHFVectorEnv``.
     """
     )
+
+    conversation = True
 
     def __init__(self, num_envs: int = 1, partner=None, **kwargs: Any):
         if partner is None:

@@ -6,6 +6,8 @@ the :class:`~textgym.envs.engine.Engine`, and ``prompts=`` is read by :mod:`text
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +63,34 @@ def text_image(text: str, height: int = 256, width: int = 512) -> np.ndarray:
     for i, line in enumerate(lines):
         draw.text((4, 4 + i * line_height), line, fill="black", font=font)
     return np.asarray(image, dtype=np.uint8)
+
+
+_TURN_ARGS = ("partner", "max_turns", "max_turn_tokens", "partner_timeout")  # a conversation's (TextMultiTurn-v0)
+_VECTOR_ARGS = ("num_envs", "autoreset_mode", "render_mode")
+
+
+def engine_kwargs(cls: type, kwargs: dict[str, Any], own: Sequence[str]) -> dict[str, Any]:
+    """``kwargs`` once each name is one the env takes; else one TypeError naming the env, the close match, the rest.
+
+    Why not the engine's own TypeError: ``Engine.__init__() got an unexpected keyword argument 'max_new_token'``
+    names neither the env nor what it takes. A conversation's arguments on a single-turn env are refused too:
+    ``partner=`` on TextRLHF-v0 would silently make it a conversation.
+    """
+    names = [p for p in inspect.signature(Engine.__init__).parameters if p not in ("self", "num_slots")]
+    conversation = getattr(cls, "conversation", False)
+    allowed = sorted({*own, *(n for n in names if conversation or n not in _TURN_ARGS)})
+    for key in kwargs:
+        if key in allowed:
+            continue
+        if key in _TURN_ARGS:
+            call = "partner=..." if key == "partner" else f"partner=..., {key}=..."
+            raise TypeError(f"{cls.__name__} is single-turn: {key}= is an argument of a conversation, "
+                            f"gym.make('TextMultiTurn-v0', {call})")  # fmt: skip
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ";"
+        raise TypeError(f"{cls.__name__} got an unexpected keyword argument {key!r}{hint} it takes: "
+                        f"{', '.join(allowed)}")  # fmt: skip
+    return kwargs
 
 
 def _check_options(options: Any) -> dict[str, Any]:
@@ -248,7 +278,7 @@ class TextRLHFEnv(gym.Env):
 
     def __init__(self, render_mode: str | None = None, **kwargs: Any):
         self.render_mode = _check_render_mode(render_mode)
-        self._engine = Engine(1, **kwargs)
+        self._engine = Engine(1, **engine_kwargs(type(self), kwargs, ("render_mode",)))
         e = self._engine
         self.action_space = spaces.Discrete(e.vocab_size)
         self.observation_space = spaces.Dict(
@@ -386,7 +416,7 @@ class TextRLHFVectorEnv(VectorEnv):
         self.render_mode = _check_render_mode(render_mode)
         self.metadata = {**type(self).metadata, "autoreset_mode": mode}
         self.num_envs = int(num_envs)
-        self._engine = Engine(self.num_envs, **kwargs)
+        self._engine = Engine(self.num_envs, **engine_kwargs(type(self), kwargs, _VECTOR_ARGS))
         e = self._engine
         self.single_action_space = spaces.Discrete(e.vocab_size)
         self.single_observation_space = spaces.Dict(

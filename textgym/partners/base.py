@@ -134,6 +134,9 @@ def _from_string(text: str, name: str) -> Callable[[], Partner]:
     if text.startswith(TEXTARENA_PREFIX):
         game_id = text[len(TEXTARENA_PREFIX) :]
         return _from_class(lambda: TextArenaPartner(game_id), name, shown)
+    if text[: len(TEXTARENA_PREFIX)].lower() == TEXTARENA_PREFIX:  # 'TextArena:...' read as a module path otherwise
+        raise ValueError(f"{name}={shown}: TextArena games are named with a lower-case prefix, "
+                         f"{TEXTARENA_PREFIX + text[len(TEXTARENA_PREFIX) :]!r}")  # fmt: skip
     if text in _BUILTINS:
         return _from_object(_BUILTINS[text], name, shown)
     if ":" in text:
