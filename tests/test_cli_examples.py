@@ -32,6 +32,26 @@ def test_play():
     assert out.count("rm_score") == 2 and "gold" in out and "KL" in out
 
 
+def test_info_and_play_take_a_partner_so_pi_ref_can_be_watched_in_a_conversation():
+    """Issue 42.10: play, eval and info had no --partner/--env-id."""
+    out = run([*TEXTGYM, "info", "--partner", "calculator", "--max-turn-tokens", "4"])
+    assert out.startswith("TextMultiTurn-v0\n")
+    out = run([*TEXTGYM, "play", "--partner", "calculator", "--episodes", "2", "--max-new-tokens", "16",
+               "--max-turn-tokens", "4"])  # fmt: skip
+    assert out.count("partner's rewards") == 2 and "assistant:" in out
+
+
+def test_eval_refuses_a_policy_that_does_not_exist_before_evaluating_pi_ref(monkeypatch, capsys):
+    """Issue 42.10: eval first ran pi_ref's 128 episodes, then refused naming policy= for the --model flag."""
+    from textgym.agents import evaluate
+    from textgym.cli import main
+
+    monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("pi_ref was evaluated first"))
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", "/no/such/policy"])
+    assert "--model='/no/such/policy' does not exist (no such folder)" in capsys.readouterr().err
+
+
 def test_play_of_a_trained_policy_samples_it_in_its_runs_env_against_its_pi_ref(tmp_path):
     """Issue 37.9: ``play --model OUT/policy`` made the policy π_ref (KL 0.000) at the env's 32 tokens, not at 6."""
     run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",

@@ -97,3 +97,15 @@ def test_every_offline_game_fits_its_block_over_200_seeds_with_smollm2s_chat_tem
         lengths = [tokens(partner.reset(seed=seed, prompt="")) for seed in range(SLOW_RESETS.get(gid, 200))]
         probed = max(lengths[:_PROBED_OPENINGS])
         assert max(lengths) <= probed + opening_margin(probed), gid
+
+
+def test_a_game_whose_rules_do_not_fit_the_embedded_lm_names_a_model_that_fits():
+    """Issue 42.8: the natural first try failed naming no fix; the partner=None error suggested that same call."""
+    pytest.importorskip("textarena")
+    with pytest.raises(ValueError, match=r"the partner's opening for seed 0=.* is 18\d tokens \(with room for other "
+                       r"seeds' openings, a block of \d+\); model has 128 positions, .* a model with more positions "
+                       r"fits it, e.g. model='smollm2-135m-instruct' \(8192\) with chat_template=True"):  # fmt: skip
+        gym.make("TextMultiTurn-v0", partner="textarena:GuessTheNumber-v0")
+    with pytest.raises(TypeError, match=r"partner='textarena:GuessTheNumber-v0', model='smollm2-135m-instruct', "
+                                        r"chat_template=True"):  # fmt: skip
+        gym.make("TextMultiTurn-v0")

@@ -94,15 +94,35 @@ def _env_args(
     parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the env's)")
     parser.add_argument("--kl-coef", type=float, default=None, help="β (default: the env's, or the run's for eval)")
     parser.add_argument("--device", default="cpu", help="where π_ref and the reward model run: cpu, cuda, auto")
+    parser.add_argument("--env-id", default=None, choices=ENV_IDS, help="the env (default: TextRLHF-v0; "
+                        "TextMultiTurn-v0 with --partner, or a trained policy's run's)")  # fmt: skip
+    parser.add_argument("--partner", default=None, help="who answers in TextMultiTurn-v0: 'textarena:<GameId>', "
+                        "'guess-the-number-10', 'calculator', 'module:attr' or an entry point")  # fmt: skip
+    parser.add_argument("--max-turns", type=int, default=None, help="a conversation's turn cap (default: none)")
+    parser.add_argument("--max-turn-tokens", type=int, default=None, help="the policy's tokens per turn")
+    parser.add_argument("--max-prompt-tokens", type=int, default=None, help="the prompt block (default: sized by "
+                        "the env from the prompts, or a game's openings)")  # fmt: skip
+    parser.add_argument("--chat-template", action="store_true", default=None,
+                        help="prompts as the user turn of the tokenizer's chat template")  # fmt: skip
+
+
+ENV_IDS = ("TextRLHF-v0", "TextArithmetic-v0", "TextMultiTurn-v0")
+_ENV_FLAGS = ("model", "reward_model", "gold_scorer", "prompts", "prompt_column", "max_new_tokens", "kl_coef",
+              "partner", "max_turns", "max_turn_tokens", "max_prompt_tokens", "chat_template")  # fmt: skip
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict:
     """The env arguments given on the command line (the env's own defaults for the others)."""
     kwargs = {"device": args.device}
-    for name in ("model", "reward_model", "gold_scorer", "prompts", "prompt_column", "max_new_tokens", "kl_coef"):
+    for name in _ENV_FLAGS:
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     return kwargs
+
+
+def _env_id(args: argparse.Namespace) -> str:
+    """``--env-id``, else TextMultiTurn-v0 when a ``--partner`` is given, else TextRLHF-v0."""
+    return args.env_id or ("TextMultiTurn-v0" if args.partner is not None else "TextRLHF-v0")
 
 
 def _calibration_args(parser: argparse.ArgumentParser) -> None:
@@ -118,20 +138,28 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     import textgym  # noqa: F401
 
-    env = gym.make("TextRLHF-v0", **_env_kwargs(args))
+    env_id = _env_id(args)
+    env = gym.make(env_id, **_env_kwargs(args))
     base = env.unwrapped
     n_params = sum(p.numel() for p in base.model.parameters())
     rm = base.reward_model
     rm_params = sum(p.numel() for p in rm.model.parameters()) if hasattr(rm, "model") else None
     norm = base._engine.norm
-    print("TextRLHF-v0")
+    print(env_id)
     print(f"  reference model  : {type(base.model).__name__}, {n_params / 1e6:.2f}M parameters, "
           f"{base.model.config.num_hidden_layers} layers, hidden {base.model.config.hidden_size}")  # fmt: skip
     print(f"  tokenizer        : vocab {len(base.tokenizer)}, BOS={base.tokenizer.bos_token_id} "
           f"EOS={base.eos_token_id} PAD={base.pad_token_id}")  # fmt: skip
-    print(f"  reward model     : {rm.name} ({type(rm).__name__}"
-          + (f", {rm_params / 1e6:.2f}M parameters" if rm_params else "") + ")"
-          + (f", normalised with mean {norm[0]:.4f} std {norm[1]:.4f}" if norm else ", raw scores"))  # fmt: skip
+    if rm is None:  # a conversation without one: the partner's rewards are the task's
+        print("  reward model     : none (the partner's turn rewards)")
+    else:
+        print(f"  reward model     : {rm.name} ({type(rm).__name__}"
+              + (f", {rm_params / 1e6:.2f}M parameters" if rm_params else "") + ")"
+              + (f", normalised with mean {norm[0]:.4f} std {norm[1]:.4f}" if norm else ", raw scores"))  # fmt: skip
+    if base._engine.turns is not None:
+        from textgym.partners import partner_name
+
+        print(f"  partner          : {partner_name(base._engine.turns.partners[0])}")
     print(f"  gold scorer      : {getattr(base.gold_scorer, 'name', None)}")
     print(f"  prompts          : {len(base.prompts)} (e.g. {base.prompts[0]!r})")
     print(f"  action space     : {env.action_space}")
@@ -153,12 +181,14 @@ def cmd_play(args: argparse.Namespace) -> None:
         ep = done[0]
         kl = round(float(sequence_kl(done)[0]), 3) + 0.0  # no "-0.000"
         score = f" (normalised {float(ep['score_reward']):+.2f})" if normalised else ""
-        if "transcript" in done.keys():  # a conversation: every turn, the partner's too
+        turns = ""
+        if "transcript" in done.keys():  # a conversation: every turn, the partner's too, and what the partner paid
             print(f"[{episode}] {done['transcript'][0]}".replace("\n", "\n     "))
+            turns = f"partner's rewards {float(ep['turn_reward_sum']):+.3f}  "
         else:
             print(f"[{episode}] {ep['prompt']!r} -> {ep['response']!r}")
-        print(f"     rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  KL {kl:.3f}  "
-              f"tokens {int(ep['response_length'])}")  # fmt: skip
+        print(f"     {turns}rm_score {float(ep['rm_score']):+.3f}{score}  gold {float(ep['gold_score']):+.3f}  "
+              f"KL {kl:.3f}  tokens {int(ep['response_length'])}")  # fmt: skip
 
 
 def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dict]:
@@ -176,7 +206,7 @@ def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dic
             raise ValueError(f"--ref-model={args.ref_model!r} is the π_ref of a trained policy, but --model="
                              f"{args.model!r} is no policy saved by `textgym train` (no {RUN_INFO}); give π_ref "
                              "with --model alone")  # fmt: skip
-        return None, "TextRLHF-v0", 1.0 if args.temperature is None else args.temperature, {}, kwargs
+        return None, _env_id(args), 1.0 if args.temperature is None else args.temperature, {}, kwargs
     policy = kwargs.pop("model")
     if args.ref_model is not None:
         kwargs["model"] = args.ref_model
@@ -212,9 +242,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from textgym.agents.evaluate import evaluate, format_eval, run_settings_note
+    from textgym.models import check_model_source
 
     kwargs = _env_kwargs(args)
     kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
+    if args.model is not None:  # before π_ref's 128 episodes: a policy that cannot load is refused first
+        check_model_source("--model", args.model)
+    if args.env_id is not None or args.partner is not None:
+        kwargs["env_id"] = _env_id(args)
     if args.ref_model:
         kwargs["model"] = args.ref_model
     if args.temperature is not None:

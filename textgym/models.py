@@ -50,6 +50,7 @@ __all__ = [
     "ARITH_TRAIN",
     "TOKENIZER_FILES",
     "check_finite_output",
+    "check_model_source",
     "context_rows",
     "left_pad",
     "load_causal_lm",
@@ -145,6 +146,18 @@ def _check_source(name: str, value: str | os.PathLike) -> str:
             "downloads are off (HF_HUB_OFFLINE is set): give a Hugging Face model folder"
         )
     return text
+
+
+def check_model_source(name: str, value: str | os.PathLike) -> str:
+    """The folder (or cached hub id) ``value`` names, checked as a model loads it, without loading it.
+
+    Raises:
+        FileNotFoundError / ValueError: naming ``name`` and ``value``: no such folder, a file, no config.json,
+            truncated weights.
+    """
+    src = _check_source(name, value)
+    _check_model_folder(name, src)
+    return src
 
 
 def _looks_like_path(text: str) -> bool:

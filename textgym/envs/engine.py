@@ -54,6 +54,10 @@ _TEACHER_FORCED_ROWS = 64  # episodes per teacher-forced forward: bounds the bod
 _PROBED_OPENINGS = 4  # partner seeds whose openings size the prompt block when max_prompt_tokens is not given
 
 
+# what fits a game's opening (185-1100 tokens) where the embedded LM's 128 positions do not
+LONGER_MODEL = "a model with more positions fits it, e.g. model='smollm2-135m-instruct' (8192) with chat_template=True"
+
+
 def opening_margin(longest: int) -> int:
     """Columns the prompt block keeps beyond the longest probed opening: max(16, 1/8 of it).
 
@@ -298,11 +302,13 @@ class Engine:
         """
         limit = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
         (name, text), longest = self.longest_prompt
-        if isinstance(limit, int) and longest >= limit:  # not even one response token fits
+        block = self.max_prompt_tokens
+        if isinstance(limit, int) and block >= limit:  # not even one response token fits
+            sized = "" if block == longest else f" (with room for other seeds' openings, a block of {block})"
             raise ValueError(
-                f"{name}={short_repr(text)} is {longest} tokens; model has {limit} positions, so "
+                f"{name}={short_repr(text)} is {longest} tokens{sized}; model has {limit} positions, so "
                 f"with max_new_tokens={max_new_tokens} a prompt may be at most {limit - max_new_tokens} tokens "
-                "(prompts are never truncated)"
+                f"(prompts are never truncated); {LONGER_MODEL}"
             )
 
     @property

@@ -137,6 +137,8 @@ class TextMultiTurnVectorEnv(TextRLHFVectorEnv):
 
 
 _NO_PARTNER = (
-    "partner=None: TextMultiTurn-v0 needs a partner, e.g. partner='textarena:GuessTheNumber-v0', "
-    "partner='calculator' or a function f(conversation) -> (text, reward, done); see textgym.partners"
+    "partner=None: TextMultiTurn-v0 needs a partner, e.g. partner='calculator', a function f(conversation) -> "
+    "(text, reward, done), or a TextArena game, whose rules need a model of more positions than the embedded "
+    "LM's 128: partner='textarena:GuessTheNumber-v0', model='smollm2-135m-instruct', chat_template=True; "
+    "see textgym.partners"
 )
