@@ -309,7 +309,7 @@ class BenchConfig:
         calibration_episodes: π_ref episodes that measure its score and gold (the frontier's origin)
             and standardise a learned RM (default: the task's).
         out: output folder.
-        threads: torch's CPU threads for every algorithm (None: one fewer than the cores), recorded
+        threads: torch's CPU threads for every algorithm (None: OMP_NUM_THREADS, else one per core), recorded
             in ``env.json``: the same thread count gives the same tables, however busy the machine.
     """
 
@@ -344,7 +344,7 @@ class BenchConfig:
             raise ValueError("budget, num_envs, eval_episodes and calibration_episodes must be >= 1, seeds non-empty")
         threads = self.threads
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one fewer than the cores)")
+            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core)")
         if not self.frontier_kl > 0:
             raise ValueError(f"frontier_kl={self.frontier_kl} must be > 0 (nats per sequence)")
 

@@ -239,3 +239,25 @@ def test_the_periodic_evaluation_samples_in_the_runs_precision(tmp_path, monkeyp
     finally:
         trainer.close()
     assert seen and set(seen) == {precision == "bf16"}
+
+
+def test_train_help_gives_each_flag_its_own_text_without_markup_and_names_every_choice():
+    """Issue 42.12: --gamma/--lmbda and the two learning rates shared a text, --partner showed Sphinx markup and
+    left out guess-the-number-10, --env-id left out TextMultiTurn-v0, --resume named internal constants."""
+    import argparse
+    import re
+
+    from textgym.agents.ppo.config import RESUME_APPLIED, RESUME_FREE, add_config_args
+    from textgym.partners import available_partners
+
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    texts = {a.option_strings[0]: re.sub(r" \(default: .*\)$", "", a.help) for a in parser._actions if a.help}
+    shared = {t for t in texts.values() if list(texts.values()).count(t) > 1}
+    assert not shared
+    assert not any(mark in t for t in texts.values() for mark in ("``", ":mod:", ":class:", ":func:"))
+    assert all(env in texts["--env-id"] for env in ("TextRLHF-v0", "TextArithmetic-v0", "TextMultiTurn-v0"))
+    assert all(f'"{name}"' in texts["--partner"] for name in available_partners())
+    assert "RESUME_" not in texts["--resume"]
+    assert all(name in texts["--resume"] for name in (*RESUME_APPLIED, *RESUME_FREE) if name not in ("out", "resume"))
+    assert "one fewer" not in texts["--threads"]

@@ -61,8 +61,8 @@ def _token_cap(text: str) -> int | str | None:
 
 
 def set_threads(requested: int | None) -> int:
-    """Set torch's intra-op threads for a command: ``requested``, else ``OMP_NUM_THREADS`` if set, else one fewer
-    than the cores of this process, at least one (:func:`textgym.threads.default_threads`).
+    """Set torch's intra-op threads for a command: ``requested``, else :func:`textgym.threads.default_threads`
+    (``OMP_NUM_THREADS`` if set, else one per core of this process under OpenMP's passive wait policy).
 
     Never a reading of the machine's load: the thread count changes torch's rounding, so a count
     that followed other jobs made one seeded command give other numbers on a re-run.
@@ -554,7 +554,7 @@ class _Subparsers:
         p = self.action.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
         if name != "train":  # train's --threads is a config field: recorded with the run and reused on resume
             p.add_argument("--threads", type=_positive_int, default=None,
-                           help="torch threads (default: one fewer than the cores, at least 1)")  # fmt: skip
+                           help="torch threads (default: OMP_NUM_THREADS, else one per core)")  # fmt: skip
         return p
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -66,17 +67,21 @@ class PPOConfig:
             them (Dr. GRPO, Liu et al., 2025: the update follows E[score] − β·KL exactly).
         seed: seeds the env, the sampling and the model initialisation.
         device: ``auto``, ``cpu`` or ``cuda`` (see ``precision``).
-        threads: torch's CPU threads for the run (None: one fewer than the cores this process may use, at
-            least one, so that a busy core costs little; never a reading of the machine's load); recorded
+        threads: torch's CPU threads for the run (None: ``OMP_NUM_THREADS`` if set, else one per core this
+            process may use, as ``import textgym`` sets them with OpenMP's passive wait policy, so that a busy
+            core costs little; never a reading of the machine's load); recorded
             in ``config.json`` and reused by ``--resume``, since another thread count rounds differently
             and the run would no longer repeat itself.
         deterministic: also make torch use only deterministic algorithms (an op without one raises).
         out: output folder (metrics, TensorBoard events, checkpoints, HF folders).
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
-            ``RESUME_APPLIED`` fields may change (applied from the resumed iteration on), ``RESUME_FREE``
-            ones freely; a folder without a run starts one.
-        env_id: the registered env to train on: ``TextRLHF-v0`` (sentiment, learned RM) or
-            ``TextArithmetic-v0`` (verifiable "a+b=" answers); its registered defaults apply.
+            total_episodes, learning_rate, critic_learning_rate and early_stop_kl may change (applied from the
+            resumed iteration on); out, checkpoint_every, progress, report_to, samples_every, num_samples,
+            eval_every, eval_episodes, ray_address, reward_timeout and gradient_checkpointing freely; a folder
+            without a run starts one.
+        env_id: the registered env to train on: ``TextRLHF-v0`` (sentiment, learned RM),
+            ``TextArithmetic-v0`` (verifiable "a+b=" answers) or ``TextMultiTurn-v0`` (a conversation with a
+            ``partner``); its registered defaults apply.
         model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
         reward_model: r_φ, by name (default embedded RM): a registered name, an HF folder or id, a URL or
             ``module:attr``. A function or object is registered first (``textgym.rewards.register``), as
@@ -97,7 +102,8 @@ class PPOConfig:
             opening of seeds 0-3 plus a margin, ``textgym.envs.engine.opening_margin``); give it when a game's
             opening for some seed is longer (the env's error names the width that fits).
         partner: who answers the policy in ``TextMultiTurn-v0``, by name: ``"textarena:<GameId>"``,
-            ``"calculator"``, ``module:attr`` or an entry point (see :mod:`textgym.partners`); None: one turn.
+            ``"guess-the-number-10"``, ``"calculator"``, ``module:attr`` or an entry point (see
+            :mod:`textgym.partners`); None: one turn.
         max_turns: the policy's turns per conversation (None: until the partner ends it or tokens run out).
         max_turn_tokens: the policy's tokens per turn (None: ``max_new_tokens`` bounds it).
         missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
@@ -139,13 +145,14 @@ class PPOConfig:
             truncated distribution, so the first ratio stays 1.
         top_p: sample from the smallest set of tokens whose probability reaches p (nucleus; None: all),
             after temperature and top_k, as Hugging Face ``generate`` orders them.
-        learning_rate, critic_learning_rate: AdamW step sizes of policy and critic.
+        learning_rate: the policy's AdamW step size.
+        critic_learning_rate: the critic's AdamW step size (PPO; GRPO and RLOO have no critic).
         lora_rank: 0 trains every weight; R > 0 trains LoRA adapters of rank R (peft) on every linear
             layer of the env's own π_ref model, whose π_ref forwards run with the adapters disabled:
             one copy of the base weights serves π_ref and the policy. The critic is then the reward
             model's (small) backbone when it shares the tokenizer, else a frozen copy of the body with
             its own adapters and a value head.
-        lora_alpha: LoRA scaling numerator (default 2·R; the update is scaled by alpha/R).
+        lora_alpha: LoRA scaling numerator, the update scaled by alpha/R (None: 2·R).
         merged_rollout: with LoRA, the rollout samples from a copy of the policy with the adapters merged into
             its weights (``agents/ppo/merged_policy.py``; refreshed before each rollout): one matmul per linear
             instead of three, for one more base model in memory. None: on CUDA only.
@@ -159,7 +166,8 @@ class PPOConfig:
         clip_epsilon: ε of the clipped surrogate.
         clip_value: ε of the clipped value loss (None: unclipped).
         critic_coef: weight of the value loss.
-        gamma, lmbda: GAE discount and λ.
+        gamma: GAE's discount γ (1.0: an episode's tokens are not discounted).
+        lmbda: GAE's λ, the bias-variance trade-off of the advantage (1.0: Monte Carlo returns minus V).
         whiten_rewards: whiten the per-token rewards before GAE.
         max_grad_norm: gradient-norm clip for each model.
         checkpoint_every: iterations between checkpoints (the last one is always saved).
@@ -322,7 +330,7 @@ class PPOConfig:
             raise ValueError(f"tis_cap={self.tis_cap!r} must be a finite float >= 1 or None (no correction)")
         threads = self.threads
         if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one fewer than the cores)")
+            raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
         if self.reward_timeout is not None and not (math.isfinite(self.reward_timeout) and self.reward_timeout > 0):
@@ -472,6 +480,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def plain_text(doc: str) -> str:
+    """A docstring entry as ``--help`` shows it: ``code`` and :role:`target` as their bare text."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+
+
 def attribute_docs(doc: str) -> dict[str, str]:
     """Each name's whole entry in a Google-style docstring's ``Attributes:`` section, one line per entry.
 
@@ -530,7 +543,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group(title)
         for name in names:
             flag = "--" + name.replace("_", "-")
-            help_text = f"{docs.get(name, '')} (default: {defaults[name]})".replace("%", "%%")
+            help_text = f"{plain_text(docs.get(name, ''))} (default: {defaults[name]})".replace("%", "%%")
             kind = types[name]
             if kind == "bool":
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
