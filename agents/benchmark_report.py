@@ -93,8 +93,9 @@ def _write_tables(rows: list[dict], out: Path, cfg, env_id: str) -> None:
     for algo in dict.fromkeys(r["algo"] for r in rows):
         lines.append(f"| {algo} | " + " | ".join(_cell([r[k] for r in rows if r["algo"] == algo]) for k in keys) + " |")
     n_seeds = len({r["seed"] for r in rows})
-    lines.append(f"\n{cfg.task} ({env_id}), budget {cfg.budget} env steps, β {cfg.kl_coef}: "
-                 f"mean ± half-width of the 95 % confidence interval (Student t) over {n_seeds} seeds; "
+    spread = (f"mean ± half-width of the 95 % confidence interval (Student t) over {n_seeds} seeds" if n_seeds > 1
+              else "one seed: each cell is that run's value (no interval)")  # fmt: skip
+    lines.append(f"\n{cfg.task} ({env_id}), budget {cfg.budget} env steps, β {cfg.kl_coef}: {spread}; "
                  f"score, gold, KL and objective on {cfg.eval_episodes} eval episodes; gold_auc/proxy_auc: "
                  f"mean gain over π_ref under the fitted frontier, averaged over KL ∈ [0, {cfg.frontier_kl:g}] nats "
                  f"(agents/frontier.py)")  # fmt: skip

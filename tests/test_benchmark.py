@@ -30,7 +30,9 @@ def test_every_adapter_trains_and_evaluates_and_the_harness_writes_everything(tm
     assert next(r for r in rows if r["algo"] == "reference")["kl"] == 0.0
     with (tmp_path / "results.csv").open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)
-    assert "| torchrl_ppo |" in (tmp_path / "results.md").read_text()
+    report = (tmp_path / "results.md").read_text()
+    assert "| torchrl_ppo |" in report
+    assert "one seed: each cell is that run's value (no interval)" in report and "over 1 seeds" not in report
     for png in ("rm_vs_steps.png", "frontier.png"):
         assert (tmp_path / png).stat().st_size > 10_000
     # every trained algorithm logs its training episodes' gold and KL for the frontier (SB3 through a callback)

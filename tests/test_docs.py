@@ -306,3 +306,16 @@ def test_readme_commands_run_the_venvs_executables():
             for args in commands(block.code) for arg in args
             if arg in ("textgym", "torchrun", "python", "python3", "pip", "ray", "wandb", "mlflow")]  # fmt: skip
     assert not bare, bare
+
+
+def test_the_guess_results_table_holds_the_numbers_of_its_eval_files():
+    """Issue 42.6: "+61.0 points" was 60.9 and PPO's KL std 3.58 was 3.57 in the run's eval.json."""
+    import json
+
+    page = (ROOT / "docs" / "multi-turn.md").read_text()
+    runs = ROOT / "docs" / "multi-turn-runs"
+    evals = {a: json.loads((runs / f"smollm2-guess-{a}-s0" / "eval.json").read_text()) for a in ("grpo", "ppo")}
+    gains = [f"+{100 * (e['policy']['success'] - e['pi_ref']['success']):.1f} points" for e in evals.values()]
+    assert f"| success over π_ref | | {gains[0]} | {gains[1]} |" in page
+    kls = [f"{e['policy']['kl'][0]:.2f} ± {e['policy']['kl'][1]:.2f}" for e in evals.values()]
+    assert f"| KL to π_ref (nats per game) | 0 | {kls[0]} | {kls[1]} |" in page
