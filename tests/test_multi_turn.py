@@ -278,7 +278,7 @@ def test_the_env_passes_gymnasium_sb3_and_torchrl_checkers():
 def test_the_arguments_of_a_conversation_are_checked():
     with pytest.raises(TypeError, match="partner=None: TextMultiTurn-v0 needs a partner"):
         gym.make("TextMultiTurn-v0")
-    with pytest.raises(ValueError, match="max_turns=2 needs partner="):
+    with pytest.raises(TypeError, match="TextRLHFEnv is single-turn: max_turns= is an argument of a conversation"):
         gym.make("TextRLHF-v0", max_turns=2)
     with pytest.raises(ValueError, match="max_turn_tokens=0 must be an int >= 1"):
         make(max_turn_tokens=0)
@@ -567,3 +567,52 @@ def test_a_partner_opening_that_is_not_unicode_is_refused_naming_the_partner():
 
     with pytest.raises(PartnerError, match=r"partner 'BadOpening' .*reset returned .*whose text has a lone surrogate"):
         make(partner=BadOpening)
+
+
+class FlakyReset(Counter):
+    """Ends the game after one turn; its reset raises while ``FlakyReset.down`` (a game server that went away)."""
+
+    down = False
+
+    def reset(self, *, seed, prompt):
+        if FlakyReset.down:
+            raise ConnectionError("the game server is down")
+        return super().reset(seed=seed, prompt=prompt)
+
+    def reply(self, conversation):
+        return "game over", 1.0, True
+
+
+@pytest.mark.parametrize("reference_scoring", ["step", "episode"])
+def test_a_failing_autoreset_leaves_the_whole_vector_step_undone_so_a_retry_steps_once(reference_scoring):
+    """Issue 42.2: a partner reset failing during NEXT_STEP's autoreset left the live slots advanced (and their RNGs
+    drawn): slot 1's length went 5 -> 6 on the failed step and a retry stepped it twice."""
+
+    def make_vec():
+        return gym.make_vec("TextMultiTurn-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                            partner=FlakyReset, max_turn_tokens=8, max_new_tokens=40, kl_coef=BETA,
+                            reference_scoring=reference_scoring)  # fmt: skip
+
+    def run(fail_once: bool):
+        FlakyReset.down = False
+        envs = make_vec()
+        stop = envs.unwrapped.eos_token_id
+        word = next(a for a in range(5, 100) if a not in envs.unwrapped.stop_token_ids)
+        envs.reset(seed=3)
+        outs = [envs.step(np.array([stop, word]))]  # slot 0 ends its turn, and the game with it
+        e = envs.unwrapped._engine
+        before = (e.length.copy(), e.input_ids.copy(), [r.bit_generator.state for r in envs.unwrapped._slot_rngs])
+        if fail_once:
+            FlakyReset.down = True
+            with pytest.raises(PartnerError, match="the game server is down"):
+                envs.step(np.array([word, word]))  # slot 0 autoresets (NEXT_STEP), slot 1 steps
+            after = (e.length, e.input_ids, [r.bit_generator.state for r in envs.unwrapped._slot_rngs])
+            assert after[0].tolist() == before[0].tolist() and (after[1] == before[1]).all() and after[2] == before[2]
+            FlakyReset.down = False
+        outs += [envs.step(np.array([word, word])) for _ in range(3)]
+        return [(o[0]["input_ids"], o[1]) for o in outs]
+
+    clean, retried = run(False), run(True)
+    for (obs_a, r_a), (obs_b, r_b) in zip(clean, retried, strict=True):
+        np.testing.assert_array_equal(obs_a, obs_b)
+        np.testing.assert_array_equal(r_a, r_b)

@@ -426,6 +426,21 @@ def use_fp32_attention(model) -> None:
         model.set_attn_implementation(fp32_attention())
 
 
+def prefill_forward(model, context, input_ids: Tensor, attention_mask: Tensor):
+    """``model`` over left-padded prompts ``(k, P)`` into a fresh ``DynamicCache``, the last column's logits only."""
+    from transformers import DynamicCache
+
+    with context():
+        return model(
+            input_ids=input_ids,  # (k, P)
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            cache=DynamicCache(config=model.config),  # transformers 5 name of past_key_values
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+
 class CachedDecoder:
     """Batched incremental decoding with one KV-cache row per episode slot.
 
@@ -467,17 +482,18 @@ class CachedDecoder:
     @torch.no_grad()
     def prefill(self, slots: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Start ``slots`` on left-padded prompts; return their next-token logits ``(k, V)``."""
-        from transformers import DynamicCache
+        return self.write_prefill(slots, self.forward_prefill(input_ids, attention_mask), attention_mask)
 
-        with self.context():
-            out = self.model(
-                input_ids=input_ids,  # (k, P)
-                attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask),
-                cache=DynamicCache(config=self.model.config),  # transformers 5 name of past_key_values
-                use_cache=True,
-                logits_to_keep=1,
-            )
+    @torch.no_grad()
+    def forward_prefill(self, input_ids: Tensor, attention_mask: Tensor):
+        """The prefill's forward over left-padded prompts ``(k, P)``, nothing written: ``write_prefill`` keeps it.
+
+        Split so that a step can compute a reset's prefill first and write it last (nothing half-applied).
+        """
+        return prefill_forward(self.model, self.context, input_ids, attention_mask)
+
+    def write_prefill(self, slots: Tensor, out, attention_mask: Tensor) -> Tensor:
+        """Write :meth:`forward_prefill`'s cache into rows ``slots``; return their next-token logits ``(k, V)``."""
         self._merge(slots, out.cache, attention_mask)
         self.next_pos[slots] = attention_mask.sum(-1)
         return out.logits[:, -1].float()

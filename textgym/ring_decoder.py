@@ -23,8 +23,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from textgym.functional import position_ids_from_mask
-from textgym.models import FP32_ATTENTION, CachedDecoder
+from textgym.models import FP32_ATTENTION, CachedDecoder, prefill_forward
 
 __all__ = ["DECODERS", "GraphedStep", "RingDecoder", "make_decoder", "resolve_decoder"]
 
@@ -143,16 +142,18 @@ class RingDecoder:
         The context fills the P columns before ``head``, the ring's most recent, so the slot's next
         step continues it at ``head`` like every other slot's.
         """
-        from transformers import DynamicCache
+        return self.write_prefill(slots, self.forward_prefill(input_ids, attention_mask), attention_mask)
 
+    @torch.no_grad()
+    def forward_prefill(self, input_ids: Tensor, attention_mask: Tensor):
+        """The prefill's forward, nothing written (:meth:`write_prefill` keeps it): a step computes first."""
+        if attention_mask.shape[1] > self.max_len:
+            raise ValueError(f"a context of {attention_mask.shape[1]} tokens does not fit max_len={self.max_len}")
+        return prefill_forward(self.model, self.context, input_ids, attention_mask)
+
+    def write_prefill(self, slots: Tensor, out, attention_mask: Tensor) -> Tensor:
+        """Write :meth:`forward_prefill`'s keys and values into rows ``slots``; return their logits ``(k, V)``."""
         k, p = attention_mask.shape
-        if p > self.max_len:
-            raise ValueError(f"a context of {p} tokens does not fit max_len={self.max_len}")
-        with self.context():
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                             position_ids=position_ids_from_mask(attention_mask),
-                             cache=DynamicCache(config=self.model.config), use_cache=True,
-                             logits_to_keep=1)  # fmt: skip
         if k == self.num_slots:  # every slot starts again (a vector env's reset): as after reset()
             self.reset()
         cols = (self.head - p + torch.arange(p, device=self.device)) % self.width  # (P,) ring columns, oldest first

@@ -6,6 +6,7 @@ forward over every slot and one batched reward-model call for the episodes endin
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -70,6 +71,19 @@ def opening_margin(longest: int) -> int:
 
 
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
+
+
+@dataclasses.dataclass
+class PreparedStart:
+    """A start computed and checked, nothing written yet (:meth:`Engine.prepare_start`)."""
+
+    slots: list[int]
+    prompts: list[str]  # the texts the episodes start from (a partner's opening in place of the drawn prompt)
+    seeds: list[int] | None  # the partners' seeds (None: no partner)
+    block_ids: np.ndarray  # (k, P) the left-padded prompt block
+    block_mask: np.ndarray  # (k, P)
+    deferred: bool  # π_ref scores these episodes at their end
+    prefill: tuple | None  # (π_ref's prefill forward, its mask) in step mode
 
 
 def slot_bytes(vocab: int, layers: int, kv_width: int, itemsize: int, seq_len: int, max_new_tokens: int,
@@ -375,9 +389,17 @@ class Engine:
 
         ``encoded`` is ``encode_prompts(prompts)`` when the caller has already checked them. With a
         partner, each slot's partner is reset with its seed (``partner_seeds``, one per slot) and may
-        replace the prompt with its own opening. Every check runs before any state changes: a refused
-        start leaves the slots as they were.
+        replace the prompt with its own opening. A refused or failed start leaves the slots as they were:
+        :meth:`prepare_start` computes everything, :meth:`commit_start` only writes.
         """
+        self.commit_start(self.prepare_start(slots, prompts, encoded, partner_seeds))
+
+    def prepare_start(self, slots: list[int], prompts: list[str], encoded: list[list[int]] | None = None,
+                      partner_seeds: Sequence[int] | None = None) -> PreparedStart:  # fmt: skip
+        """Everything a start needs, nothing of the slots written: the openings (the partners' resets), the
+        checked encodings, the prompt block and π_ref's prefill forward. A vector env's step prepares its
+        autoresets before it advances the live slots, so a failing reset leaves the whole step undone."""
+        seeds = None
         if self.turns is not None:
             seeds = [0] * len(slots) if partner_seeds is None else [int(x) for x in partner_seeds]
             prompts = self.turns.openings(slots, prompts, seeds)
@@ -387,29 +409,34 @@ class Engine:
             encoded = self.encode_prompts(prompts)
         P = self.max_prompt_tokens
         block_ids, block_mask = left_pad(self.tokenizer, encoded, P, "np", self.pad_id)  # (k, P)
-        self.input_ids[slots] = self.pad_id
-        self.attention_mask[slots] = 0
-        self.input_ids[slots, :P], self.attention_mask[slots, :P] = block_ids, block_mask
-        for row, slot in enumerate(slots):
-            self.prompt_text[slot] = prompts[row]
         deferred = self.reference_scoring == "episode"
+        prefill = None
         if not deferred:  # an episode scored at its end needs no cache: π_ref reads it whole then
             width = max(len(e) for e in encoded)  # π_ref prefills only the columns some prompt uses
-            slot_t = torch.as_tensor(slots, device=self.device)
+            mask = torch.as_tensor(block_mask[:, P - width :], device=self.device)
             with self._reference_forward():
-                logits = self.decoder.prefill(
-                    slot_t,
-                    torch.as_tensor(block_ids[:, P - width :], device=self.device),
-                    torch.as_tensor(block_mask[:, P - width :], device=self.device),
-                )
-            self._set_next(slot_t, logits)
+                out = self.decoder.forward_prefill(torch.as_tensor(block_ids[:, P - width :], device=self.device), mask)
+            prefill = (out, mask)
+        return PreparedStart(list(slots), list(prompts), seeds, block_ids, block_mask, deferred, prefill)
+
+    def commit_start(self, start: PreparedStart) -> None:
+        """Write a :meth:`prepare_start`: the prompt blocks, π_ref's cache rows and next-token logits, the flags."""
+        slots, P = start.slots, self.max_prompt_tokens
+        if start.prefill is not None:
+            slot_t = torch.as_tensor(slots, device=self.device)
+            self._set_next(slot_t, self.decoder.write_prefill(slot_t, *start.prefill))
+        self.input_ids[slots] = self.pad_id
+        self.attention_mask[slots] = 0
+        self.input_ids[slots, :P], self.attention_mask[slots, :P] = start.block_ids, start.block_mask
+        for row, slot in enumerate(slots):
+            self.prompt_text[slot] = start.prompts[row]
         self.length[slots] = 0
         self.started[slots] = True
         self.done[slots] = False
-        self.deferred[slots] = deferred
+        self.deferred[slots] = start.deferred
         self.stale[slots] = False
         if self.turns is not None:
-            self.turns.begin(slots, prompts, seeds)
+            self.turns.begin(slots, start.prompts, start.seeds)
 
     def _refresh_stale(self) -> None:
         """π_ref's cache re-reads the conversations a partner's reply was added to (step mode), so their next

@@ -6,6 +6,7 @@ the :class:`~textgym.envs.engine.Engine`, and ``prompts=`` is read by :mod:`text
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 from collections.abc import Sequence
@@ -483,8 +484,16 @@ class TextRLHFVectorEnv(VectorEnv):
 
     def _start(self, slots: np.ndarray) -> None:
         """Start ``slots`` on prompts (and partner seeds) drawn with their own RNGs."""
+        self._engine.commit_start(self._prepare_start(slots))
+
+    def _prepare_start(self, slots: np.ndarray):
+        """The start of ``slots`` computed, nothing written (their RNGs have drawn: see :meth:`_rng_states`)."""
         prompts = self.draw_prompts(slots)
-        self._engine.start(slots.tolist(), prompts, None, self.draw_partner_seeds(slots))
+        return self._engine.prepare_start(slots.tolist(), prompts, None, self.draw_partner_seeds(slots))
+
+    def _rng_states(self, slots: np.ndarray) -> list[tuple[int, dict]]:
+        """The slots' RNG states, to put back when a step that drew from them fails."""
+        return [(int(s), copy.deepcopy(self._slot_rngs[int(s)].bit_generator.state)) for s in slots]
 
     def _given_prompts(self, prompts: Any, n: int) -> list[str]:
         """``options["prompt"]`` as one prompt per slot being reset, or one clear error."""
@@ -543,36 +552,26 @@ class TextRLHFVectorEnv(VectorEnv):
 
     def step(self, actions):
         e = self._engine
-        actions = np.asarray(actions)
-        if actions.shape != (self.num_envs,) or not np.issubdtype(actions.dtype, np.integer):
-            raise ValueError(
-                f"actions={actions!r} must be an integer array of shape ({self.num_envs},) "
-                f"with token ids in [0, {e.vocab_size})"
-            )
         mode = self.metadata["autoreset_mode"]
-        # With autoreset disabled a slot waits (its action ignored) until it is reset: never started ones too.
-        unstarted = ~e.started.any() if mode == AutoresetMode.DISABLED else ~e.started.all()
-        if unstarted:
-            raise RuntimeError("step() called before reset() for some slots; call envs.reset() first")
-        if mode == AutoresetMode.DISABLED and not (e.started & ~e.done).any():
-            raise RuntimeError(
-                "step() called with every slot finished and autoreset disabled; "
-                "reset them with reset(options={'reset_mask': mask})"
-            )
-        bad = np.flatnonzero((actions < 0) | (actions >= e.vocab_size))
-        if bad.size:
-            raise ValueError(
-                f"actions[{bad[0]}]={actions[bad[0]]} is outside the action space: token ids are in [0, {e.vocab_size})"
-            )
+        actions = self._checked_actions(actions, mode)
         resetting = self._autoreset.copy() if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
         # With autoreset disabled a finished slot waits for reset(options={"reset_mask": ...}): its
         # action is ignored, as on NEXT_STEP's reset step (reward 0, not terminated, "_ref_logprob" False).
         live = e.started & ~e.done & ~resetting
         stepped = live & ~e.deferred  # slots whose step has a ref_logprob (the others get theirs at the end)
-        out = e.advance(actions.astype(np.int64), live)
+        # prepare → commit: the autoresets (partners' resets, encodings, π_ref's prefill) are computed before the
+        # live slots advance and written after, so a failure in either leaves the whole step undone
+        rngs, prepared = self._rng_states(np.flatnonzero(resetting)), None
+        try:
+            prepared = self._prepare_start(np.flatnonzero(resetting)) if resetting.any() else None
+            out = e.advance(actions, live)
+        except BaseException:
+            for s, state in rngs:
+                self._slot_rngs[s].bit_generator.state = state
+            raise
         ended = out["terminated"] | out["truncated"]
-        if resetting.any():
-            self._start(np.flatnonzero(resetting))
+        if prepared is not None:
+            e.commit_start(prepared)
         # Per-step info as whole arrays: one _add_info call per slot would cost a Python call per slot and step.
         shown = stepped & ~ended if mode == AutoresetMode.SAME_STEP else stepped
         info: dict[str, Any] = {"ref_logprob": np.where(shown, out["ref_logprob"], 0.0), "_ref_logprob": shown}
@@ -597,6 +596,31 @@ class TextRLHFVectorEnv(VectorEnv):
             out["truncated"],
             info,
         )
+
+    def _checked_actions(self, actions, mode: AutoresetMode) -> np.ndarray:
+        """``actions`` as an int64 array once the step may run, or one clear error (nothing changed)."""
+        e = self._engine
+        actions = np.asarray(actions)
+        if actions.shape != (self.num_envs,) or not np.issubdtype(actions.dtype, np.integer):
+            raise ValueError(
+                f"actions={actions!r} must be an integer array of shape ({self.num_envs},) "
+                f"with token ids in [0, {e.vocab_size})"
+            )
+        # With autoreset disabled a slot waits (its action ignored) until it is reset: never started ones too.
+        unstarted = ~e.started.any() if mode == AutoresetMode.DISABLED else ~e.started.all()
+        if unstarted:
+            raise RuntimeError("step() called before reset() for some slots; call envs.reset() first")
+        if mode == AutoresetMode.DISABLED and not (e.started & ~e.done).any():
+            raise RuntimeError(
+                "step() called with every slot finished and autoreset disabled; "
+                "reset them with reset(options={'reset_mask': mask})"
+            )
+        bad = np.flatnonzero((actions < 0) | (actions >= e.vocab_size))
+        if bad.size:
+            raise ValueError(
+                f"actions[{bad[0]}]={actions[bad[0]]} is outside the action space: token ids are in [0, {e.vocab_size})"
+            )
+        return actions.astype(np.int64)
 
     def action_masks(self) -> np.ndarray:
         """``(num_envs, vocab_size)`` bool masks of the allowed tokens (see ``action_mask_top_p``)."""
