@@ -160,3 +160,14 @@ def test_the_sampler_draws_the_same_tokens_with_either_cache(vec):
         runs.append((np.stack(actions), np.stack(logps)))
     np.testing.assert_array_equal(runs[0][0], runs[1][0])
     np.testing.assert_allclose(runs[0][1], runs[1][1], atol=1e-5)
+
+
+def test_release_frees_the_ring_and_the_next_prefill_allocates_it_again(model):
+    ring = RingDecoder(model, N, L)
+    ids, mask = _prompts(model.config.vocab_size, N, P, 0)
+    first = ring.prefill(torch.arange(N), ids, mask)
+    ring.step(torch.full((N,), 7))
+    ring.release()
+    assert not ring.started and ring.cache is None and all(layer.keys is None for layer in ring.layers)
+    torch.testing.assert_close(ring.prefill(torch.arange(N), ids, mask), first, atol=0, rtol=0)
+    assert ring.layers[0].keys.shape[2] == L + 1

@@ -473,6 +473,10 @@ class CachedDecoder:
         """Whether any slot was prefilled since the last :meth:`reset` (a step before that has nothing to extend)."""
         return self.cache is not None
 
+    def release(self) -> None:
+        """Forget every slot and free the cache (as :meth:`reset`: a new one grows at the next prefill)."""
+        self.reset()
+
     def reset(self) -> None:
         """Forget every slot."""
         self.cache = None

@@ -143,6 +143,11 @@ class LMSampler:
         self.decoder.reset()
         self.fed[:] = -1
 
+    def release(self) -> None:
+        """:meth:`reset`, and free the KV cache's memory until the next prefill (between rollouts)."""
+        self.decoder.release()
+        self.fed[:] = -1
+
     @torch.no_grad()
     def logits(self, obs: dict[str, np.ndarray | Tensor]) -> Tensor:
         """Next-token logits ``(N, V)`` for the observations ``(N, L)`` (or ``(L,)``).

@@ -223,6 +223,7 @@ class Trainer:
             episodes = self.rollouts.collect(
                 self.policy, self.sampler, self.last_beta, num_episodes, seed, draw, timing
             )
+            self.sampler.release()  # its KV cache is not needed through the update: freed, not held
         episodes, shared = distributed.broadcast_object((episodes, dict(timing)))
         timing.update(shared)
         return episodes
