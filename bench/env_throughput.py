@@ -354,7 +354,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="how the env scores π_ref: once per finished episode (the collectors' default) or "
                         "a cached forward per step (a Gym agent stepping by hand)")  # fmt: skip
     parser.add_argument("--decoder", choices=DECODERS, default="auto", help="the acting policy's KV cache "
-                        "(textgym/ring_decoder.py; auto: a CUDA graph over the ring on CUDA, the ring elsewhere)")  # fmt: skip
+                        "(textgym/ring_decoder.py; auto: the ring; graph: its step as a CUDA graph)")  # fmt: skip
     parser.add_argument("--hf-fast", action="store_true", help="also time generate with a static cache and the "
                         "model's forward under torch.compile (HF's fastest path; compiling takes minutes)")  # fmt: skip
     args = parser.parse_args(argv)

@@ -76,7 +76,7 @@ if [ "$mode" = decode ] || [ "$mode" = decode-qwen ]; then  # issue 41 item 5: t
   python3 bench/decode_step.py --device cuda --model "$model" --num-slots 16 64 256 --rounds 2
   echo "== rollout: our collector (graph decoder) vs HF generate (dynamic cache) and static cache + compile"
   python3 bench/env_throughput.py --device cuda "${env[@]}" --num-envs 16 64 256 --max-new-tokens 48 --repeats 2 \
-    --hf-fast
+    --hf-fast --decoder graph
   [ "$mode" = decode-qwen ] && exit 0
   echo "== SmolLM2 PPO iteration vs TRL 1.12 bf16 with LoRA rank 16 (the rollout samples the merged copy)"
   python3 bench/ppo_vs_trl.py --device cuda --trl-python current --config smollm2-sentiment --lora-rank 16 \

@@ -244,8 +244,8 @@ def test_train_help_gives_every_fields_whole_docstring_entry():
     for f in (f for f in fields(PPOConfig) if f.init):  # derived fields are no flags
         text = helps[f.name].rsplit(" (default: ", 1)[0]
         assert text and text[-1] in ".)", (f.name, text)  # a whole sentence, never cut
-    assert helps["algo"].startswith("``ppo`` (clipped surrogate") and "Ahmadian et al., 2024)." in helps["algo"]
-    assert helps["learning_rate"].startswith("AdamW step sizes") and helps["lmbda"].startswith("GAE discount")
+    assert helps["algo"].startswith("ppo (clipped surrogate") and "Ahmadian et al., 2024)." in helps["algo"]
+    assert helps["learning_rate"].startswith("the policy's AdamW step size") and helps["lmbda"].startswith("GAE's λ")
 
 
 def test_train_help_groups_every_field_once_and_lists_the_choices():

@@ -59,10 +59,6 @@ def monkeypatch_module():
         yield mp
 
 
-def test_the_test_cluster_holds_a_bounded_object_store(cluster):
-    assert ray.cluster_resources()["object_store_memory"] <= OBJECT_STORE
-
-
 @pytest.fixture(scope="module")
 def full_run(cluster, tmp_path_factory):
     """3 iterations with 2 workers, checkpointed every iteration."""
@@ -196,3 +192,8 @@ def test_a_worker_that_imported_another_textgym_says_so():
     check_package_home(package_home())  # the same package: nothing to say
     with pytest.raises(ImportError, match=r"imported textgym from .* the learner from /elsewhere/textgym"):
         check_package_home("/elsewhere/textgym")
+
+
+def test_the_test_cluster_holds_a_bounded_object_store(cluster):
+    """Last in the module: a test above builds a RolloutWorker in this process, which needs no cluster up."""
+    assert ray.cluster_resources()["object_store_memory"] <= OBJECT_STORE

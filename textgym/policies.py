@@ -91,8 +91,8 @@ class LMSampler:
         seed: seeds a new generator when ``generator`` is None (without either, sampling draws from
             torch's global RNG: a run is reproducible only under ``torch.manual_seed``).
         decoder: the KV cache (:func:`textgym.ring_decoder.make_decoder`): ``ring`` (preallocated, fixed
-            shapes), ``graph`` (the ring's step replayed as a CUDA graph), ``dynamic`` (a ``DynamicCache``
-            that grows a column per step), ``auto`` (graph on CUDA, ring elsewhere).
+            shapes), ``graph`` (the ring's step replayed as a CUDA graph; CUDA only), ``dynamic`` (a
+            ``DynamicCache`` that grows a column per step), ``auto`` (the ring).
     """
 
     def __init__(

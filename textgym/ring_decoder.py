@@ -27,14 +27,16 @@ from textgym.models import FP32_ATTENTION, CachedDecoder, prefill_forward
 
 __all__ = ["DECODERS", "GraphedStep", "RingDecoder", "make_decoder", "resolve_decoder"]
 
-DECODERS = ("auto", "dynamic", "ring", "graph")  # "auto": graph on CUDA, ring elsewhere
+# "auto" is the ring on every device until the graph's replay is checked on a GPU (bench/gpu_smoke.sh decode):
+# it is built and its CPU side tested, but no device was lent to the session that wrote it
+DECODERS = ("auto", "dynamic", "ring", "graph")
 # attention implementations that read a custom 4D mask: True/False (sdpa's) or additive (eager's)
 _BOOL_MASK = ("sdpa", FP32_ATTENTION)
 _ADDITIVE_MASK = ("eager",)
 
 
 def resolve_decoder(kind: str, device: torch.device) -> str:
-    """The decoder ``kind`` names on ``device``: ``auto`` is ``graph`` on CUDA and ``ring`` elsewhere.
+    """The decoder ``kind`` names on ``device``: ``auto`` is ``ring`` (``graph`` is asked for by name, CUDA only).
 
     Raises:
         ValueError: ``kind`` is not one of :data:`DECODERS`, or ``graph`` off CUDA (CUDA graphs need CUDA).
@@ -42,7 +44,7 @@ def resolve_decoder(kind: str, device: torch.device) -> str:
     if kind not in DECODERS:
         raise ValueError(f"decoder={kind!r} must be one of {DECODERS}")
     if kind == "auto":
-        return "graph" if device.type == "cuda" else "ring"
+        return "ring"
     if kind == "graph" and device.type != "cuda":
         raise ValueError(f"decoder='graph' captures CUDA graphs; the model is on {device.type} (use 'ring' or 'auto')")
     return kind

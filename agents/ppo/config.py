@@ -133,7 +133,8 @@ class PPOConfig:
             (tested). For long contexts (conversations): docs/performance.md, "Memory".
         decoder: the rollout sampler's KV cache (``textgym.ring_decoder``): ``ring`` (preallocated, a decode step
             of fixed shapes), ``graph`` (the ring's step replayed as a CUDA graph; CUDA only), ``dynamic`` (a
-            ``DynamicCache`` grown by one column per step), ``auto`` (graph on CUDA, ring elsewhere). The same
+            ``DynamicCache`` grown by one column per step), ``auto`` (the ring; ``graph`` until its replay is checked
+            on a GPU is asked for by name). The same
             distribution in each; the logits differ by float rounding (a softmax summed in another order).
         tis_cap: cap C of the truncated importance weight min(π_old/π_sampler, C) on each token's
             policy-gradient term, where π_old is the update's teacher-forced log-prob and π_sampler

@@ -267,7 +267,7 @@ class Engine:
         """Every slot's episode state, sized once for ``num_slots`` × ``seq_len``: ``start`` and ``advance`` fill it."""
         self.num_slots = num_slots
         n, L = num_slots, self.seq_len
-        self.decoder = make_decoder("auto", self.model, n, L)  # a ring (CUDA: its step a graph)
+        self.decoder = make_decoder("auto", self.model, n, L)  # the ring: a decode step of fixed shapes
         self.input_ids = np.full((n, L), self.pad_id, dtype=np.int64)
         self.attention_mask = np.zeros((n, L), dtype=np.int64)
         self.length = np.zeros(n, dtype=np.int64)  # response tokens so far
