@@ -95,8 +95,10 @@ def test_torchrun_trains_with_rank_0_alone_writing_and_resumes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # OMP_NUM_THREADS as the README says
 
     def torchrun(*extra):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-               str(_free_port()), "-m", "textgym.cli", "train", *flags, *extra]  # fmt: skip
+        # --standalone: torchrun binds its own free port. A port picked here first raced the other test worker's
+        # Ray cluster, which binds ports of its own: one suite run hung its 300 s with rank 1 gone
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "textgym.cli", "train", *flags, *extra]  # fmt: skip
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         # issue 26.5: no FutureWarning (DDP's broadcast_buffers) or launcher warning; the resume below warns, by
