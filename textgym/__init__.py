@@ -17,12 +17,15 @@ from textgym.threads import apply_default_threads, set_wait_policy
 fix_mmap_threshold()  # freed tensors return to the OS instead of fragmenting malloc's heaps (allocator.py says why)
 set_wait_policy()  # before torch loads: OpenMP's passive wait, so every core is the default (threads.py says why)
 
+import sys  # noqa: E402
+from importlib import import_module  # noqa: E402
+
 from gymnasium.envs.registration import register  # noqa: E402
 
 from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
-from textgym.envs import TextMultiTurnEnv, TextMultiTurnVectorEnv, TextRLHFEnv, TextRLHFVectorEnv  # noqa: E402  (imports torch + transformers once)
 
-apply_default_threads()  # every core under that wait; one fewer when torch loaded first (threads.py)
+if "torch" in sys.modules:  # loaded first: one core fewer now (threads.py); else when the env classes load torch
+    apply_default_threads()
 
 __version__ = "0.1.0"
 
@@ -61,3 +64,10 @@ register(
 )
 
 __all__ = ["TextMultiTurnEnv", "TextMultiTurnVectorEnv", "TextRLHFEnv", "TextRLHFVectorEnv", "__version__"]
+
+
+def __getattr__(name: str):
+    """The env classes on first use: they import torch and transformers, which ``textgym --help`` never needs."""
+    if name in ("TextMultiTurnEnv", "TextMultiTurnVectorEnv", "TextRLHFEnv", "TextRLHFVectorEnv"):
+        return getattr(import_module("textgym.envs"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from textgym.rewards.base import RewardModelError
+from textgym.errors import RewardModelError
 from textgym.threads import use_threads
 from textgym.utils import FolderInUseError
 

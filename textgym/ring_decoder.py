@@ -23,13 +23,11 @@ import contextlib
 import torch
 from torch import Tensor
 
+from textgym.envs.checks import DECODERS
 from textgym.models import FP32_ATTENTION, CachedDecoder, prefill_forward
 
 __all__ = ["DECODERS", "GraphedStep", "RingDecoder", "make_decoder", "resolve_decoder"]
 
-# "auto" is the ring on every device until the graph's replay is checked on a GPU (bench/gpu_smoke.sh decode):
-# it is built and its CPU side tested, but no device was lent to the session that wrote it
-DECODERS = ("auto", "dynamic", "ring", "graph")
 # attention implementations that read a custom 4D mask: True/False (sdpa's) or additive (eager's)
 _BOOL_MASK = ("sdpa", FP32_ATTENTION)
 _ADDITIVE_MASK = ("eager",)

@@ -1,10 +1,13 @@
-"""Gymnasium environments of textgym."""
+"""Gymnasium environments of textgym.
 
-from textgym.envs.checks import check_kl_coef
-from textgym.envs.engine import DEFAULT_KL_COEF
-from textgym.envs.multi_turn import TextMultiTurnEnv, TextMultiTurnVectorEnv
+The env classes load torch and transformers: they are imported on first use (``textgym --help`` and
+``import textgym`` need neither), and with them torch's default thread count is applied.
+"""
+
+from importlib import import_module
+
+from textgym.envs.checks import DEFAULT_KL_COEF, check_kl_coef
 from textgym.envs.prompts import load_prompts
-from textgym.envs.text_rlhf import TextRLHFEnv, TextRLHFVectorEnv
 
 __all__ = [
     "DEFAULT_KL_COEF",
@@ -15,3 +18,12 @@ __all__ = [
     "check_kl_coef",
     "load_prompts",
 ]
+
+_WHERE = {"TextRLHFEnv": ".text_rlhf", "TextRLHFVectorEnv": ".text_rlhf", "TextMultiTurnEnv": ".multi_turn",
+          "TextMultiTurnVectorEnv": ".multi_turn"}  # fmt: skip
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_WHERE[name], __name__), name)

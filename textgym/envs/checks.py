@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgym.rewards import RewardNorm
-from textgym.rewards.base import reference_name, stored_norm, stored_reference
 from textgym.utils import short_repr
 
+if TYPE_CHECKING:
+    from textgym.rewards.base import RewardNorm
+
+DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
+# "auto" is the ring on every device until the graph's replay is checked on a GPU (bench/gpu_smoke.sh decode):
+# it is built and its CPU side tested, but no device was lent to the session that wrote it
+DECODERS = ("auto", "dynamic", "ring", "graph")
+
 __all__ = [
+    "DECODERS",
+    "DEFAULT_KL_COEF",
     "check_chat_template",
     "check_int",
     "check_kl_coef",
@@ -128,6 +136,8 @@ def resolve_norm(normalize_reward: Any, reward_model, max_new_tokens: int,
     model reads them from its server within ``timeout`` (``reward_timeout``) and raises
     :class:`~textgym.rewards.RewardModelError` when it cannot, rather than letting the env pay raw scores.
     """
+    from textgym.rewards.base import RewardNorm, stored_norm  # the reward models' code (torch): once an env is built
+
     if isinstance(normalize_reward, (tuple, list)):
         pair = normalize_reward
         ok = len(pair) == 2 and all(isinstance(v, (int, float)) and np.isfinite(v) for v in pair)
@@ -166,6 +176,8 @@ def check_norm_reference(normalize_reward: Any, norm: RewardNorm | None, reward_
     scores were silently off by both and β's weight against them with it. ``textgym train`` measures them
     itself at the run's settings; an env built by hand says what to pass.
     """
+    from textgym.rewards.base import reference_name, stored_reference
+
     measured = stored_reference(reward_model) if normalize_reward is None and norm is not None else None
     if measured is None or measured == reference_name(model):
         return

@@ -18,6 +18,7 @@ import torch
 from transformers.models.llama import modeling_llama  # noqa: F401
 
 from textgym.envs.checks import (
+    DEFAULT_KL_COEF,
     check_chat_template,
     check_int,
     check_kl_coef,
@@ -42,12 +43,12 @@ from textgym.models import (
 )
 from textgym.rewards import Episodes, make_reward_model, score_checked
 from textgym.ring_decoder import make_decoder
+from textgym.threads import apply_default_threads
 from textgym.token_logprobs import policy_logprobs
 from textgym.utils import short_repr
 
 __all__ = ["DEFAULT_KL_COEF", "REFERENCE_SCORING", "Engine"]
 
-DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
 # When π_ref scores a token: at its step (a cached forward per step, Gymnasium's per-step reward) or
 # once the episode ends (one teacher-forced forward over the finished episodes; what the collectors use)
 REFERENCE_SCORING = ("step", "episode")
@@ -70,6 +71,7 @@ def opening_margin(longest: int) -> int:
     return max(16, longest // 8)
 
 
+apply_default_threads()  # torch is loaded now: every core under textgym's wait, one fewer if torch came first
 _IMPORT_PID = os.getpid()  # a process whose pid differs was forked after this module was imported
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from textgym.assets import ASSETS
+from textgym.errors import RewardModelError
 from textgym.timeouts import CallAbandoned, call_within
 from textgym.utils import short_repr
 
@@ -38,10 +39,6 @@ __all__ = [
     "stored_norm",
     "stored_reference",
 ]
-
-
-class RewardModelError(RuntimeError):
-    """A reward model failed or returned something that is not one finite float per episode."""
 
 
 @dataclass(frozen=True)
