@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["available_memory", "exceeded", "total_memory"]
+__all__ = ["available_memory", "exceeded", "kv_cache_bytes", "kv_width", "total_memory"]
 
 
 def available_memory() -> int | None:
@@ -26,6 +26,19 @@ def total_memory() -> int | None:
             continue
     known = [size for size in sizes if size is not None]
     return min(known) if known else None
+
+
+def kv_width(config) -> int:
+    """Keys (or values) per token and layer of a transformers ``config``: KV heads × head size (GQA-aware)."""
+    config = getattr(config, "text_config", None) or config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+
+
+def kv_cache_bytes(layers: int, width: int, columns: int, itemsize: int) -> int:
+    """Bytes of one slot's KV cache: K and V of every layer over ``columns``, ``itemsize`` bytes an element."""
+    return 2 * layers * width * columns * itemsize
 
 
 def exceeded(need: float) -> tuple[str, int] | None:

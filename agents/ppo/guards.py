@@ -90,10 +90,7 @@ def _model_dims(cfg) -> dict[str, int] | None:
         model = resolve_named_model(str(model)) or str(model)  # a name (smollm2-135m-instruct): its folder
         config = AutoConfig.from_pretrained(model, local_files_only=True)  # a folder, or a hub id in the local cache
         config = getattr(config, "text_config", None) or config
-        heads = config.num_attention_heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        return {"layers": config.num_hidden_layers, "kv_width": kv_heads * head_dim, "vocab": config.vocab_size}
+        return {"layers": config.num_hidden_layers, "kv_width": memory.kv_width(config), "vocab": config.vocab_size}
     except Exception:  # an unreadable config: the model's own load will name the problem
         return None
 
@@ -138,7 +135,7 @@ def estimate_rollout_bytes(cfg, prompt_block: int | None = None) -> int | None:
         return None
     block = prompt_block or cfg.max_prompt_tokens or 1  # at least BOS
     columns = block + cfg.max_new_tokens + 1  # the sampler's ring: max_len + 1
-    kv = 2 * dims["layers"] * dims["kv_width"] * columns * (4 if cfg.precision == "fp32" else 2)
+    kv = memory.kv_cache_bytes(dims["layers"], dims["kv_width"], columns, 4 if cfg.precision == "fp32" else 2)
     per_slot = 0 if cfg.num_workers else kv + 2 * dims["vocab"] * 4  # with Ray workers the rollout runs there
     return cfg.num_envs * per_slot
 

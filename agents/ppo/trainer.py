@@ -216,9 +216,9 @@ class Trainer:
     def _collect(self, num_episodes: int | None, seed: int | None, timing: dict[str, float]):
         """The rollout's complete episodes, collected on rank 0 (:mod:`.sources`) and handed to every rank."""
         episodes = None
-        if self.merged is not None:
-            self.merged.refresh()  # the adapters as the last update (or a resumed checkpoint) left them
         if distributed.is_main():
+            if self.merged is not None:
+                self.merged.refresh()  # the adapters as the last update (or a resumed checkpoint) left them
             draw = partial(self.estimator.starts, self.envs)  # the learner's slots draw every prompt (and game)
             episodes = self.rollouts.collect(
                 self.policy, self.sampler, self.last_beta, num_episodes, seed, draw, timing

@@ -32,7 +32,7 @@ from textgym.envs.checks import (
 )
 from textgym.envs.prompts import load_prompts
 from textgym.envs.turns import ReplyTemplate, Turns
-from textgym.memory import exceeded
+from textgym.memory import exceeded, kv_cache_bytes, kv_width
 from textgym.models import (
     context_rows,
     left_pad,
@@ -96,7 +96,7 @@ def slot_bytes(vocab: int, layers: int, kv_width: int, itemsize: int, seq_len: i
     ``seq_len + 1`` ring columns, π_ref's dtype); the observation (ids and mask, int64) and a conversation's
     per-column arrays (policy mask, turn reward). The model and the reward models come on top.
     """
-    kv = 2 * layers * kv_width * (seq_len + 1) * itemsize if cached else 0
+    kv = kv_cache_bytes(layers, kv_width, seq_len + 1, itemsize) if cached else 0
     return vocab * 4 + kv + 2 * seq_len * 8 + max_new_tokens * 9
 
 
@@ -211,13 +211,10 @@ class Engine:
             ValueError: naming ``num_envs``, the bytes per slot, the memory they exceed and the slots that fit.
         """
         config = self.model.config
-        heads = config.num_attention_heads
-        kv_width = (getattr(config, "num_key_value_heads", None) or heads) * (
-            getattr(config, "head_dim", None) or config.hidden_size // heads)  # fmt: skip
         itemsize = next(self.model.parameters()).element_size()
         cached = self.reference_scoring == "step"
-        per_slot = slot_bytes(self.vocab_size, config.num_hidden_layers, kv_width, itemsize, seq_len, max_new_tokens,
-                              cached)  # fmt: skip
+        per_slot = slot_bytes(self.vocab_size, config.num_hidden_layers, kv_width(config), itemsize, seq_len,
+                              max_new_tokens, cached)  # fmt: skip
         over = exceeded(num_slots * per_slot)
         if over is not None:
             raise ValueError(
