@@ -52,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="bf16 autocast where the device has it natively (auto), or as given")  # fmt: skip
     parser.add_argument("--threads", type=int, default=default_threads(), help=BENCH_THREADS_HELP)
     parser.add_argument("--lora-rank", type=int, default=0, help="put LoRA adapters of this rank (B random, not 0) "
-                        "on every linear and add a row for the ring over the merged copy (agents/ppo/merged_policy.py)")  # fmt: skip
+                        "on every linear and add a row for the ring over the merged copy "
+                        "(agents/ppo/merged_policy.py)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="N = 2, 8 steps, 1 round")
     args = parser.parse_args(argv)
     if args.quick:

@@ -144,7 +144,7 @@ def make_case(n: int, max_new_tokens: int, policy_model: Any, device: torch.devi
     all_prompts = list(base.prompts)
     prompts = [all_prompts[i % len(all_prompts)] for i in range(n)]
     tok = base.tokenizer
-    encoded = base._engine.encode_prompts(prompts)  # the env's own encoding (chat template, BOS for "")
+    encoded = base.encode_prompts(prompts)  # the env's own encoding (chat template, BOS for "")
     input_ids, attention_mask = left_pad(tok, encoded, pad_id=base.pad_token_id)
     g = torch.Generator(device=device).manual_seed(seed)
     policy = NoEOSPolicy.for_env(policy_model, envs, temperature=1.0, generator=g, decoder=decoder)

@@ -72,7 +72,7 @@ def test_reward_is_beta_ref_logprob_plus_score_at_the_end(env):
     assert rewards[-1] == pytest.approx(0.1 * ref[-1] + last["score_reward"] + last["eos_penalty"])
     # the episode return is the score plus beta times the summed reference log-likelihood
     assert rewards.sum() == pytest.approx(last["score_reward"] + 0.1 * ref.sum() + last["eos_penalty"])
-    mean, std, *_ = env.unwrapped.unwrapped._engine.norm
+    mean, std, *_ = env.unwrapped.unwrapped.reward_norm
     assert last["score_reward"] == pytest.approx((last["rm_score"] - mean) / std)
     for key in ("rm_score", "gold_score", "prompt", "response", "response_length"):
         assert key in last
@@ -365,7 +365,7 @@ def test_any_hf_causal_lm_works_gpt2_architecture(tmp_path):
 
 # ---------------------------------------------------------------- reward normalisation
 def test_the_stored_normalisation_says_where_it_was_measured_and_warns_elsewhere():
-    norm = gym.make("TextRLHF-v0").unwrapped._engine.norm
+    norm = gym.make("TextRLHF-v0").unwrapped.reward_norm
     assert (norm.max_new_tokens, norm.temperature) == (32, 1.0)
     with pytest.warns(UserWarning, match=r"under π_ref at max_new_tokens=32 .* this env runs max_new_tokens=16"):
         gym.make("TextRLHF-v0", max_new_tokens=16)

@@ -476,7 +476,7 @@ def test_vector_reward_model_error_leaves_the_step_retryable():
     _, rewards, terminated, _, info = envs.step(np.array([eos, 7]))
     assert terminated.tolist() == [True, False] and info["rm_score"][0] == 0.5
     envs.step(np.array([7, 7]))  # next_step autoreset of slot 0 still happens
-    assert envs.unwrapped._engine.length.tolist() == [0, 2]
+    assert envs.unwrapped._engine.layout.length.tolist() == [0, 2]
 
 
 def test_folder_write_is_atomic(tmp_path):
@@ -642,7 +642,7 @@ def test_a_keyboard_interrupt_in_the_reward_model_leaves_no_vector_slot_done():
     _, _, terminated, _, info = envs.step(np.array([eos, 7]))
     assert terminated.tolist() == [True, False] and info["rm_score"][0] == 0.5
     envs.step(np.array([7, 7]))
-    assert envs.unwrapped._engine.length.tolist() == [0, 2]  # slot 0 was reset, not stuck done
+    assert envs.unwrapped._engine.layout.length.tolist() == [0, 2]  # slot 0 was reset, not stuck done
 
 
 def test_an_interrupt_inside_the_reference_forward_leaves_the_kv_cache_intact():

@@ -90,7 +90,7 @@ def test_the_return_is_the_turn_rewards_the_final_score_and_beta_times_pi_ref_ov
     last = infos[-1]
     assert int(last["turns"]) == 3 and float(last["turn_reward_sum"]) == 0.5 + 1.0 + 1.5
     P, T = env.unwrapped.max_prompt_tokens, env.unwrapped.max_new_tokens
-    policy_cols = np.flatnonzero(env.unwrapped._engine.turns.policy_mask[0])
+    policy_cols = np.flatnonzero(env.unwrapped._engine.layout.policy_mask[0])
     assert len(policy_cols) == 9 and policy_cols[-1] == obs["attention_mask"][P:].sum() - 1
     ref = independent_ref_logprobs(env, obs, policy_cols)
     score = len(last["response"]) / 10
@@ -119,8 +119,8 @@ def test_the_partners_reply_is_observation_written_after_the_turn_and_its_text_i
     assert [m["role"] for m in conversation] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     assert conversation[2]["content"] == "reply 1" and infos[2]["reply"] == "reply 1"
     # the reply's columns are not the policy's: 3 policy tokens, the reply, 3 policy tokens, ...
-    mask = base._engine.turns.policy_mask[0]
-    reply = base._engine.turns.template.ids("reply 1", int(obs["input_ids"][P + 2]))
+    mask = base._engine.layout.policy_mask[0]
+    reply = base._engine.dialogue.template.ids("reply 1", int(obs["input_ids"][P + 2]))
     assert mask[:3].all() and not mask[3 : 3 + len(reply)].any() and mask[3 + len(reply)]
     np.testing.assert_array_equal(obs["input_ids"][P + 3 : P + 3 + len(reply)], reply)
 
@@ -241,7 +241,7 @@ def test_a_hanging_or_malformed_partner_gets_one_clear_error_and_changes_nothing
         env.step(actions[2])
     assert time.perf_counter() - start < 5
     np.testing.assert_array_equal(env.unwrapped._engine.observation(0)["input_ids"], obs["input_ids"])
-    assert env.unwrapped._engine.turns.turns[0] == 0 and len(env.unwrapped._engine.turns.messages[0]) == 1
+    assert env.unwrapped._engine.dialogue.turns[0] == 0 and len(env.unwrapped._engine.dialogue.messages[0]) == 1
 
 
 class Endless(Counter):
@@ -544,7 +544,7 @@ class Flood(Counter):
 
 def test_a_reply_too_long_to_fit_ends_the_episode_without_tokenising_it_and_its_info_is_bounded(monkeypatch):
     env = make(partner=Flood, partner_timeout=5)
-    template = env.unwrapped._engine.turns.template
+    template = env.unwrapped._engine.dialogue.template
     tokenised = []
     call = type(template.tokenizer).__call__
     monkeypatch.setattr(type(template.tokenizer), "__call__",
@@ -601,12 +601,13 @@ def test_a_failing_autoreset_leaves_the_whole_vector_step_undone_so_a_retry_step
         envs.reset(seed=3)
         outs = [envs.step(np.array([stop, word]))]  # slot 0 ends its turn, and the game with it
         e = envs.unwrapped._engine
-        before = (e.length.copy(), e.input_ids.copy(), [r.bit_generator.state for r in envs.unwrapped._slot_rngs])
+        before = (e.layout.length.copy(), e.layout.input_ids.copy(),
+                  [r.bit_generator.state for r in envs.unwrapped._slot_rngs])  # fmt: skip
         if fail_once:
             FlakyReset.down = True
             with pytest.raises(PartnerError, match="the game server is down"):
                 envs.step(np.array([word, word]))  # slot 0 autoresets (NEXT_STEP), slot 1 steps
-            after = (e.length, e.input_ids, [r.bit_generator.state for r in envs.unwrapped._slot_rngs])
+            after = (e.layout.length, e.layout.input_ids, [r.bit_generator.state for r in envs.unwrapped._slot_rngs])
             assert after[0].tolist() == before[0].tolist() and (after[1] == before[1]).all() and after[2] == before[2]
             FlakyReset.down = False
         outs += [envs.step(np.array([word, word])) for _ in range(3)]
@@ -616,3 +617,41 @@ def test_a_failing_autoreset_leaves_the_whole_vector_step_undone_so_a_retry_step
     for (obs_a, r_a), (obs_b, r_b) in zip(clean, retried, strict=True):
         np.testing.assert_array_equal(obs_a, obs_b)
         np.testing.assert_array_equal(r_a, r_b)
+
+
+@pytest.mark.parametrize("reference_scoring", ["step", "episode"])
+def test_a_failing_same_step_autoreset_leaves_the_step_undone_so_a_retry_steps_once(reference_scoring):
+    """Issue 42.2 for SAME_STEP: the slot that ends is reset on the step itself. Before, its partner's reset ran after
+    the step was written: the failed step had advanced both slots, ended slot 0's game and drawn its RNG."""
+
+    def run(fail_once: bool):
+        FlakyReset.down = False
+        envs = gym.make_vec("TextMultiTurn-v0", num_envs=2, vectorization_mode="vector_entry_point",
+                            autoreset_mode="same_step", partner=FlakyReset, max_turn_tokens=8, max_new_tokens=40,
+                            kl_coef=BETA, reference_scoring=reference_scoring)  # fmt: skip
+        stop = envs.unwrapped.eos_token_id
+        word = next(a for a in range(5, 100) if a not in envs.unwrapped.stop_token_ids)
+        envs.reset(seed=3)
+        e, outs = envs.unwrapped._engine, [envs.step(np.array([word, word]))]
+        if fail_once:
+            before = (e.layout.length.copy(), e.layout.input_ids.copy(), e.layout.done.copy(),
+                      e.dialogue.turns.copy(), [list(m) for m in e.dialogue.messages],
+                      [r.bit_generator.state for r in envs.unwrapped._slot_rngs])  # fmt: skip
+            FlakyReset.down = True
+            with pytest.raises(PartnerError, match="the game server is down"):
+                envs.step(np.array([stop, word]))  # slot 0 ends its game and is reset on the same step
+            after = (e.layout.length, e.layout.input_ids, e.layout.done, e.dialogue.turns, e.dialogue.messages,
+                     [r.bit_generator.state for r in envs.unwrapped._slot_rngs])  # fmt: skip
+            assert after[0].tolist() == before[0].tolist() and (after[1] == before[1]).all()
+            assert after[2].tolist() == before[2].tolist() and after[3].tolist() == before[3].tolist()
+            assert after[4] == before[4] and after[5] == before[5]
+            FlakyReset.down = False
+        outs.append(envs.step(np.array([stop, word])))
+        assert outs[-1][2].tolist() == [True, False] and "final_info" in outs[-1][4]
+        outs += [envs.step(np.array([word, word])) for _ in range(3)]
+        return [(o[0]["input_ids"], o[1], o[2]) for o in outs]
+
+    clean, retried = run(False), run(True)
+    for a, b in zip(clean, retried, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)

@@ -8,7 +8,8 @@ import pytest
 
 from textgym.agents.ppo import PPOConfig, Trainer
 from textgym.agents.ppo.config import PRESETS
-from textgym.envs.engine import _PROBED_OPENINGS, opening_margin
+from textgym.envs.encoding import opening_margin
+from textgym.envs.turns import _PROBED_OPENINGS
 
 
 class Board:

@@ -84,7 +84,7 @@ def test_resume_and_eval_pay_the_recorded_scale_when_the_servers_changed(served,
     assert settings["normalize_reward"] == [2.0, 4.0]  # what the eval of the policy standardises with
     kwargs = {k: settings[k] for k in ("normalize_reward", "max_new_tokens")}
     env = gym.make(settings["env_id"], reward_model=url, **kwargs)
-    assert tuple(env.unwrapped._engine.norm[:2]) == (2.0, 4.0)
+    assert tuple(env.unwrapped.reward_norm[:2]) == (2.0, 4.0)
 
 
 def test_ray_workers_get_the_scale_the_learner_read(served, tmp_path):

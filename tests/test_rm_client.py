@@ -154,9 +154,9 @@ def test_explicit_normalize_reward_needs_no_health():
     calls = []
     model = health_mock(httpx.Response(503), calls)
     env = gym.make("TextRLHF-v0", reward_model=model, max_new_tokens=3, gold_scorer=None, normalize_reward=False)
-    assert env.unwrapped._engine.norm is None
+    assert env.unwrapped.reward_norm is None
     env = gym.make("TextRLHF-v0", reward_model=model, max_new_tokens=3, gold_scorer=None, normalize_reward=(1.0, 2.0))
-    assert tuple(env.unwrapped._engine.norm[:2]) == (1.0, 2.0) and calls == []
+    assert tuple(env.unwrapped.reward_norm[:2]) == (1.0, 2.0) and calls == []
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def test_top_p_action_masks_hold_the_reference_top_p_set():
     env = gym.make("TextRLHF-v0", max_new_tokens=6, action_mask_top_p=0.9)
     env.reset(seed=0)
     mask = env.unwrapped.action_masks()
-    probs = torch.softmax(env.unwrapped._engine.next_logits[0], -1).numpy()
+    probs = torch.softmax(env.unwrapped._engine.reference.next_logits[0], -1).numpy()
     order = np.argsort(-probs)
     k = int(np.searchsorted(np.cumsum(probs[order]), 0.9)) + 1  # smallest set with mass >= 0.9
     assert mask[order[:k]].all() and mask.sum() == k

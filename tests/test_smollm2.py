@@ -238,7 +238,7 @@ def test_the_embedded_rms_stored_scale_is_refused_under_smollm2_unless_the_scale
         r"under π_ref 'assets:lm'; this env's π_ref is .*smollm2-135m-instruct.*normalize_reward=False",
     ):
         gym.make("TextRLHF-v0", **kwargs)
-    assert gym.make("TextRLHF-v0", normalize_reward=False, **kwargs).unwrapped._engine.norm is None
-    chosen = gym.make("TextRLHF-v0", normalize_reward=(0.5, 2.0), **kwargs).unwrapped._engine.norm
+    assert gym.make("TextRLHF-v0", normalize_reward=False, **kwargs).unwrapped.reward_norm is None
+    chosen = gym.make("TextRLHF-v0", normalize_reward=(0.5, 2.0), **kwargs).unwrapped.reward_norm
     assert (chosen.mean, chosen.std) == (0.5, 2.0)
-    assert gym.make("TextRLHF-v0", max_new_tokens=3).unwrapped._engine.norm is not None  # its own π_ref: kept
+    assert gym.make("TextRLHF-v0", max_new_tokens=3).unwrapped.reward_norm is not None  # its own π_ref: kept

@@ -134,9 +134,7 @@ def _calibration_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> None:
-    import gymnasium as gym
-
-    import textgym  # noqa: F401
+    import gymnasium as gym  # the env ids are registered: textgym's __init__ ran before this module
 
     env_id = _env_id(args)
     env = gym.make(env_id, **_env_kwargs(args))
@@ -144,7 +142,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in base.model.parameters())
     rm = base.reward_model
     rm_params = sum(p.numel() for p in rm.model.parameters()) if hasattr(rm, "model") else None
-    norm = base._engine.norm
+    norm = base.reward_norm
     print(env_id)
     print(f"  reference model  : {type(base.model).__name__}, {n_params / 1e6:.2f}M parameters, "
           f"{base.model.config.num_hidden_layers} layers, hidden {base.model.config.hidden_size}")  # fmt: skip
@@ -156,10 +154,10 @@ def cmd_info(args: argparse.Namespace) -> None:
         print(f"  reward model     : {rm.name} ({type(rm).__name__}"
               + (f", {rm_params / 1e6:.2f}M parameters" if rm_params else "") + ")"
               + (f", normalised with mean {norm[0]:.4f} std {norm[1]:.4f}" if norm else ", raw scores"))  # fmt: skip
-    if base._engine.turns is not None:
+    if base.has_partner:
         from textgym.partners import partner_name
 
-        print(f"  partner          : {partner_name(base._engine.turns.partners[0])}")
+        print(f"  partner          : {partner_name(base.partner)}")
     print(f"  gold scorer      : {getattr(base.gold_scorer, 'name', None)}")
     print(f"  prompts          : {len(base.prompts)} (e.g. {base.prompts[0]!r})")
     print(f"  action space     : {env.action_space}")
@@ -168,14 +166,13 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 
 def cmd_play(args: argparse.Namespace) -> None:
-    import textgym  # noqa: F401
     from textgym.agents.evaluate import load_sampler
     from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 
     policy_dir, env_id, temperature, sampling, kwargs = _played(args)
     envs = make_episode_envs(env_id, 1, **kwargs)
     policy = load_sampler(envs, policy_dir, seed=args.seed, temperature=temperature, device=args.device, **sampling)
-    normalised = envs.unwrapped._engine.norm is not None
+    normalised = envs.unwrapped.reward_norm is not None
     for episode in range(args.episodes):
         done = collect_episodes(envs, policy, seed=args.seed + episode)
         ep = done[0]

@@ -99,7 +99,7 @@ class Trainer:
         check_memory(cfg, base.max_prompt_tokens)  # again, with the prompt block the env sized (openings: 185-1100)
         # the scale this run pays, given explicitly from here on: Ray workers, eval and a resume use it as it is,
         # never a second reading of a server's /health that may answer otherwise (or not at all)
-        norm = base._engine.norm  # the env exposes it nowhere else (as the CLI's play reads it)
+        norm = base.reward_norm
         env_overrides["normalize_reward"] = False if norm is None else (norm.mean, norm.std)
         policy = make_policy(cfg, base)
         estimator = make_estimator(cfg, base.reward_model, policy, base.max_prompt_tokens)

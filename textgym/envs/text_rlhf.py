@@ -297,10 +297,19 @@ class TextRLHFEnv(gym.Env):
     prompts = property(lambda self: self._engine.prompts)
     max_prompt_tokens = property(lambda self: self._engine.max_prompt_tokens)
     max_new_tokens = property(lambda self: self._engine.max_new_tokens)
-    eos_token_id = property(lambda self: self._engine.eos_id)
-    stop_token_ids = property(lambda self: tuple(sorted(self._engine.stop_ids)), doc="ids that end an episode")
-    pad_token_id = property(lambda self: self._engine.pad_id)
-    has_partner = property(lambda self: self._engine.turns is not None, doc="whether episodes are conversations")
+    eos_token_id = property(lambda self: self._engine.encoding.eos_id)
+    stop_token_ids = property(lambda self: tuple(sorted(self._engine.encoding.stop_ids)), doc="ids that end an episode")
+    pad_token_id = property(lambda self: self._engine.encoding.pad_id)
+    has_partner = property(lambda self: self._engine.dialogue.has_partner, doc="whether episodes are conversations")
+    reward_norm = property(
+        lambda self: self._engine.norm,
+        doc="the (mean, std, ...) the reward model's score is standardised by (``normalize_reward``), or None: the "
+        "scale the env pays, for an agent to give to its other envs (Ray workers, eval) as it is",
+    )
+    partner = property(
+        lambda self: self._engine.dialogue.partners[0] if self.has_partner else None,
+        doc="slot 0's partner object (each slot has its own), or None for single-turn episodes",
+    )
     action_mask_top_p = property(lambda self: self._engine.action_mask_top_p, doc="π_ref mass action_masks() keep")
     kl_coef = property(lambda self: self._engine.kl_coef, lambda self, v: setattr(self._engine, "kl_coef", v), doc="β")
     reference_scoring = property(
@@ -332,12 +341,12 @@ class TextRLHFEnv(gym.Env):
         # Check a given prompt before seeding: a refused reset changes nothing, the running
         # episode (if any) steps on and the RNG keeps its state.
         encoded = self._engine.encode_prompts([prompt]) if prompt is not None else None
-        given_seed = _partner_seeds(options, 1) if self._engine.turns is not None else None
+        given_seed = _partner_seeds(options, 1) if self._engine.dialogue.has_partner else None
         super().reset(seed=seed)
         if prompt is None:
             prompt = self._engine.prompts[int(self.np_random.integers(len(self._engine.prompts)))]
         partner_seeds = None
-        if self._engine.turns is not None:  # drawn after the prompt: a single-turn env's RNG stream is unchanged
+        if self._engine.dialogue.has_partner:  # drawn after the prompt: a single-turn env's RNG stream is unchanged
             partner_seeds = given_seed or [int(self.np_random.integers(PARTNER_SEEDS))]
         self._engine.start([0], [prompt], encoded, partner_seeds)
         return self._engine.observation(0), {"prompt": self._engine.prompt_text[0]}
@@ -457,10 +466,13 @@ class TextRLHFVectorEnv(VectorEnv):
     stop_token_ids = TextRLHFEnv.stop_token_ids
     pad_token_id = TextRLHFEnv.pad_token_id
     has_partner = TextRLHFEnv.has_partner
+    reward_norm = TextRLHFEnv.reward_norm
+    partner = TextRLHFEnv.partner
     action_mask_top_p = TextRLHFEnv.action_mask_top_p
     kl_coef = TextRLHFEnv.kl_coef
     reference_scoring = TextRLHFEnv.reference_scoring
     reference_context = TextRLHFEnv.reference_context
+    encode_prompts = TextRLHFEnv.encode_prompts
 
     def draw_prompts(self, slots) -> list[str]:
         """One prompt per slot in ``slots``, drawn with that slot's RNG as its reset would.
@@ -478,7 +490,7 @@ class TextRLHFVectorEnv(VectorEnv):
         For groups on one game (GRPO, RLOO): draw with one slot per group and pass each seed G times to
         ``reset(options={"partner_seed": ...})``, beside the group's prompt.
         """
-        if self._engine.turns is None:
+        if not self._engine.dialogue.has_partner:
             return None
         return [int(self._slot_rngs[int(s)].integers(PARTNER_SEEDS)) for s in slots]
 
@@ -531,7 +543,7 @@ class TextRLHFVectorEnv(VectorEnv):
         if options.get("prompt") is not None and slots.size:
             given = self._given_prompts(options["prompt"], len(slots))
             encoded = self._engine.encode_prompts(given)
-        partner_seeds = _partner_seeds(options, len(slots)) if self._engine.turns is not None else None
+        partner_seeds = _partner_seeds(options, len(slots)) if self._engine.dialogue.has_partner else None
         if seeds is not None:
             super().reset(seed=seeds[0])
             for i in slots:
@@ -559,43 +571,56 @@ class TextRLHFVectorEnv(VectorEnv):
         # action is ignored, as on NEXT_STEP's reset step (reward 0, not terminated, "_ref_logprob" False).
         live = e.started & ~e.done & ~resetting
         stepped = live & ~e.deferred  # slots whose step has a ref_logprob (the others get theirs at the end)
-        # prepare → commit: the autoresets (partners' resets, encodings, π_ref's prefill) are computed before the
-        # live slots advance and written after, so a failure in either leaves the whole step undone
-        rngs, prepared = self._rng_states(np.flatnonzero(resetting)), None
-        try:
-            prepared = self._prepare_start(np.flatnonzero(resetting)) if resetting.any() else None
-            out = e.advance(actions, live)
-        except BaseException:
-            for s, state in rngs:
-                self._slot_rngs[s].bit_generator.state = state
-            raise
-        ended = out["terminated"] | out["truncated"]
-        if prepared is not None:
-            e.commit_start(prepared)
+        step, starts, ended = self._prepare(actions, live, resetting, mode)
+        out = e.commit_step(step)
         # Per-step info as whole arrays: one _add_info call per slot would cost a Python call per slot and step.
         shown = stepped & ~ended if mode == AutoresetMode.SAME_STEP else stepped
         info: dict[str, Any] = {"ref_logprob": np.where(shown, out["ref_logprob"], 0.0), "_ref_logprob": shown}
         info.update(_batched_infos(out["turn"], self.num_envs))  # a turn's reward and the partner's reply
         if mode == AutoresetMode.SAME_STEP and ended.any():
-            # As SyncVectorEnv: the finished slot's last obs and info go under final_obs/final_info.
-            slots = np.flatnonzero(ended)
-            final_obs = e.observation(slots)
-            for row, s in enumerate(slots):
-                info = self._add_info(info, {"final_obs": {k: v[row] for k, v in final_obs.items()}}, int(s))
-            finals = {int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"][int(s)]} for s in slots}
-            info["final_info"], info["_final_info"] = _batched_infos(finals, self.num_envs), ended.copy()
-            self._start(slots)
-            info.update(_batched_infos({int(s): {"prompt": e.prompt_text[s]} for s in slots}, self.num_envs))
+            info = self._final_infos(info, out, ended)
         else:
             info.update(_batched_infos(out["final"], self.num_envs))
+        if starts is not None:
+            e.commit_start(starts)
+            if mode == AutoresetMode.SAME_STEP:
+                info.update(_batched_infos({int(s): {"prompt": e.prompt_text[s]} for s in starts.slots}, self.num_envs))
         self._autoreset = ended if mode == AutoresetMode.NEXT_STEP else np.zeros(self.num_envs, bool)
-        return (
-            e.observation(slice(None)),
-            out["reward"],
-            out["terminated"],
-            out["truncated"],
-            info,
-        )
+        return e.observation(slice(None)), out["reward"], out["terminated"], out["truncated"], info
+
+    def _prepare(self, actions: np.ndarray, live: np.ndarray, resetting: np.ndarray, mode: AutoresetMode):
+        """The step of the ``live`` slots and the starts of the slots it resets (NEXT_STEP: ``resetting``; SAME_STEP:
+        those that end on it), all prepared before anything is written: a partner's reset, a reward model or π_ref
+        failing in either leaves the whole step undone, the slots' RNGs put back.
+
+        Returns:
+            ``(the prepared step, the prepared starts or None, the slots that end on the step)``.
+        """
+        e, rngs, starts = self._engine, [], None
+        try:
+            if resetting.any():  # their RNGs draw first, as a reset of them would before the step
+                rngs = self._rng_states(np.flatnonzero(resetting))
+                starts = self._prepare_start(np.flatnonzero(resetting))
+            step = e.prepare_step(actions, live)
+            ended = step.out["terminated"] | step.out["truncated"]
+            if mode == AutoresetMode.SAME_STEP and ended.any():
+                rngs = self._rng_states(np.flatnonzero(ended))
+                starts = self._prepare_start(np.flatnonzero(ended))
+        except BaseException:
+            for s, state in rngs:
+                self._slot_rngs[s].bit_generator.state = state
+            raise
+        return step, starts, ended
+
+    def _final_infos(self, info: dict[str, Any], out: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
+        """As SyncVectorEnv: the finished slots' last observations and infos under final_obs/final_info."""
+        slots = np.flatnonzero(ended)
+        final_obs = self._engine.observation(slots)
+        for row, s in enumerate(slots):
+            info = self._add_info(info, {"final_obs": {k: v[row] for k, v in final_obs.items()}}, int(s))
+        finals = {int(s): {"ref_logprob": out["ref_logprob"][s], **out["final"][int(s)]} for s in slots}
+        info["final_info"], info["_final_info"] = _batched_infos(finals, self.num_envs), ended.copy()
+        return info
 
     def _checked_actions(self, actions, mode: AutoresetMode) -> np.ndarray:
         """``actions`` as an int64 array once the step may run, or one clear error (nothing changed)."""

@@ -2,9 +2,9 @@
 
 The response block of a slot (``max_new_tokens`` columns after the prompt block) holds the whole
 conversation after the opening: the policy's tokens and, after each of its turns, the partner's
-reply. ``policy_mask`` says which columns are the policy's (its actions; the only ones charged a
+reply. the layout's ``policy_mask`` says which columns are the policy's (its actions; the only ones charged a
 KL and a loss); the reply's columns are observation, fed to π_ref and the policy like the prompt.
-A single-turn episode is the case with no partner: every response column is the policy's.
+A single-turn episode is the case in which nobody answers (:class:`~textgym.envs.dialogue.OneTurn`).
 
 A turn ends at a stop token or at ``max_turn_tokens``; the partner then gets the conversation as
 chat messages and answers ``(text, reward, done)`` (:mod:`textgym.partners`). The turn's reward is
@@ -23,8 +23,12 @@ from typing import Any
 import numpy as np
 
 from textgym.envs.checks import check_int, check_timeout
+from textgym.envs.dialogue import Answers, Summary
+from textgym.partners import make_partner, reply_checked, reset_checked
 
-__all__ = ["ReplyTemplate", "Turns"]
+__all__ = ["Conversation", "ReplyTemplate"]
+
+_PROBED_OPENINGS = 4  # partner seeds whose openings size the prompt block when max_prompt_tokens is not given
 
 _ASSISTANT = "\x1fTEXTGYM_ASSISTANT\x1f"  # placeholders no real message contains: they locate the template's pieces
 _USER = "\x1fTEXTGYM_USER\x1f"
@@ -89,13 +93,16 @@ class ReplyTemplate:
         return out if room is None or len(out) <= room else None
 
 
-class Turns:
-    """The conversation state of N slots, each with its own partner (see the module docstring).
+class Conversation:
+    """The conversation state of N slots, each with its own partner (see the module docstring): the
+    :class:`~textgym.envs.dialogue.Dialogue` of a multi-turn episode.
 
-    Arrays over the response block (``T = max_new_tokens`` columns): ``policy_mask`` (N, T) bool and
-    ``turn_reward`` (N, T) float64 (a turn's reward on its last token); per slot: ``turn_start`` (the
-    column the policy's current turn began at), ``turns`` (turns ended), ``seed`` (the partner's).
+    Arrays over the response block (``T = max_new_tokens`` columns): ``turn_reward`` (N, T) float64 (a turn's
+    reward on its last token); per slot: ``turn_starts`` (the column the policy's current turn began at),
+    ``turns`` (turns ended), ``seed`` (the partner's), ``messages`` (the chat so far).
     """
+
+    has_partner = True
 
     def __init__(self, partner: Any, num_slots: int, max_new_tokens: int, template: ReplyTemplate,
                  max_turns: int | None = None, max_turn_tokens: int | None = None,
@@ -103,90 +110,110 @@ class Turns:
         self.max_turns = None if max_turns is None else check_int("max_turns", max_turns, 1)
         self.max_turn_tokens = None if max_turn_tokens is None else check_int("max_turn_tokens", max_turn_tokens, 1)
         self.timeout = check_timeout(partner_timeout, "partner_timeout")
-        from textgym.partners import make_partner  # a single-turn env never imports the partners
-
         factory = make_partner(partner, "partner")
         self.partners = [factory() for _ in range(num_slots)]
         self.template = template
         n, T = num_slots, max_new_tokens
-        self.policy_mask = np.zeros((n, T), dtype=bool)
+        self.new_tokens = T
         self.turn_reward = np.zeros((n, T), dtype=np.float64)
-        self.turn_start = np.zeros(n, dtype=np.int64)
+        self.turn_starts = np.zeros(n, dtype=np.int64)
         self.turns = np.zeros(n, dtype=np.int64)
         self.seed = np.zeros(n, dtype=np.int64)
         self.messages: list[list[dict[str, str]]] = [[] for _ in range(n)]
 
-    def openings(self, slots: Sequence[int], prompts: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    def probe(self, prompt: str) -> list[tuple[str, str]]:
+        """The openings of partner seeds 0-3 (a game's rules): the prompt block is sized by them, with a margin."""
+        seeds = list(range(_PROBED_OPENINGS))
+        openings = self._reset([0] * len(seeds), [prompt] * len(seeds), seeds)
+        return [(f"the partner's opening for seed {k}", p) for k, p in enumerate(openings) if p != prompt]
+
+    def openings(self, slots: Sequence[int], prompts: list[str], seeds: list[int] | None) -> list[str]:
         """Reset each slot's partner for a new episode; the prompt each starts from (the partner's opening,
         or the drawn prompt when the partner has none)."""
+        return self._reset(slots, prompts, [0] * len(slots) if seeds is None else seeds)
+
+    def _reset(self, slots: Sequence[int], prompts: Sequence[str], seeds: Sequence[int]) -> list[str]:
         out = []
         for s, prompt, seed in zip(slots, prompts, seeds, strict=True):
-            opening = _partners().reset_checked(self.partners[s], int(seed), prompt, self.timeout, slot=int(s))
+            opening = reset_checked(self.partners[s], int(seed), prompt, self.timeout, slot=int(s))
             out.append(prompt if opening is None else opening)
         return out
 
-    def begin(self, slots: Sequence[int], prompts: Sequence[str], seeds: Sequence[int]) -> None:
+    def begin(self, slots: Sequence[int], prompts: Sequence[str], seeds: list[int] | None) -> None:
         """The slots' episodes start (their prompts accepted): empty conversations after the opening."""
-        self.policy_mask[slots] = False
         self.turn_reward[slots] = 0.0
-        self.turn_start[slots] = 0
+        self.turn_starts[slots] = 0
         self.turns[slots] = 0
-        self.seed[slots] = seeds
+        self.seed[slots] = [0] * len(slots) if seeds is None else seeds
         for s, prompt in zip(slots, prompts, strict=True):
             self.messages[s] = [{"role": "user", "content": prompt}]
 
-    def turn_capped(self, slots: np.ndarray, length: np.ndarray) -> np.ndarray:
-        """Which of ``slots`` reached ``max_turn_tokens`` in their current turn (``length``: response columns used)."""
+    def turn_start(self, slot: int) -> int:
+        return int(self.turn_starts[slot])
+
+    def turn_over(self, slots: np.ndarray, stopped: np.ndarray, length: np.ndarray) -> np.ndarray:
+        """A stop token or ``max_turn_tokens`` ends the turn (the budget's last column too: the cap then ends
+        the episode after the answer)."""
         if self.max_turn_tokens is None:
-            return np.zeros(len(slots), dtype=bool)
-        return length[slots] - self.turn_start[slots] >= self.max_turn_tokens
+            return stopped
+        return stopped | (length - self.turn_starts[slots] >= self.max_turn_tokens)
 
-    def ask(self, slots: np.ndarray, turn_text: list[str]) -> list[tuple[str, float, bool]]:
-        """The partners' answers to the turns just ended on ``slots`` (the policy's text of each turn).
+    def answer(self, slots: np.ndarray, texts: list[str], last: np.ndarray, length: np.ndarray,
+               new_tokens: int) -> Answers:  # fmt: skip
+        """The partners' answers to the turns just ended on ``slots``; nothing changes until :meth:`commit`.
 
-        Nothing changes here: :meth:`commit` applies the answers once the whole step has succeeded, so a
-        failure anywhere in the step leaves the conversations as they were.
+        The episode ends if the partner says done, at ``max_turns``, or when its reply would leave no column
+        for the policy's next token (the conversation's cap). ``last``: each turn's last token; ``length``:
+        the response columns used after it.
         """
-        out = []
-        for s, text in zip(slots, turn_text, strict=True):
-            conversation = [*copy.deepcopy(self.messages[s]), {"role": "assistant", "content": text}]
-            out.append(_partners().reply_checked(self.partners[s], conversation, self.timeout, slot=int(s)))
-        return out
-
-    def over(self, slots: np.ndarray, answers: list[tuple[str, float, bool]]) -> np.ndarray:
-        """Which of the answered ``slots`` end their episode: the partner said done, or the turn cap is reached."""
+        answers = [self._ask(int(s), text) for s, text in zip(slots, texts, strict=True)]
         done = np.array([d for _, _, d in answers], dtype=bool)
         if self.max_turns is not None:
             done |= self.turns[slots] + 1 >= self.max_turns
-        return done
+        room = new_tokens - 1 - length  # a reply must leave the policy a column to speak
+        # None: the episode ends here (the partner said so, or no room left: the conversation's cap ends it)
+        ids = [None if done[k] else self.template.ids(answers[k][0], int(last[k]), int(room[k]))
+               for k in range(len(slots))]  # fmt: skip
+        replies = {int(s): i for s, i in zip(slots, ids, strict=True) if i is not None}
+        infos = {int(s): {"turn_reward": np.float64(a[1]), "reply": self._shown_reply(a[0])}
+                 for s, a in zip(slots, answers, strict=True)}  # fmt: skip
+        records = [(int(s), texts[k], answers[k], int(length[k]) - 1, ids[k]) for k, s in enumerate(slots)]
+        over = np.array([i is None for i in ids], dtype=bool)
+        return Answers(slots, over, np.array([a[1] for a in answers], dtype=np.float64), replies, infos, records)
 
-    def commit(self, slot: int, turn_text: str, answer: tuple[str, float, bool], last_col: int,
-               reply_ids: list[int] | None) -> None:  # fmt: skip
-        """Record the ended turn of ``slot`` (its last token at response column ``last_col``) and the reply
-        written after it (``reply_ids``: None when the episode ended on this turn)."""
-        text, reward, _ = answer
-        self.turn_reward[slot, last_col] = reward
-        self.turns[slot] += 1
-        self.messages[slot].append({"role": "assistant", "content": turn_text})
-        if reply_ids is not None:
-            self.messages[slot].append({"role": "user", "content": text})
-            self.turn_start[slot] = last_col + 1 + len(reply_ids)
+    def _ask(self, slot: int, text: str) -> tuple[str, float, bool]:
+        conversation = [*copy.deepcopy(self.messages[slot]), {"role": "assistant", "content": text}]
+        return reply_checked(self.partners[slot], conversation, self.timeout, slot=slot)
 
-    def snapshot(self, slots: np.ndarray) -> dict[str, Any]:
-        """The slots' state, for :meth:`restore` when a step fails after a turn was recorded."""
-        keys = ("policy_mask", "turn_reward", "turn_start", "turns")
-        return {"slots": slots, **{k: getattr(self, k)[slots].copy() for k in keys},
-                "messages": [list(self.messages[s]) for s in slots]}  # fmt: skip
+    def _shown_reply(self, text: str) -> str:
+        """A reply as ``info["reply"]`` shows it: whole, or cut past what any reply of this conversation can hold."""
+        limit = self.new_tokens * self.template.max_token_chars
+        if len(text) <= limit:
+            return text
+        return f"{text[:limit]}… [{len(text) - limit} more characters cut: no reply can hold more than {limit}]"
 
-    def restore(self, snap: dict[str, Any]) -> None:
-        slots = snap["slots"]
-        for key in ("policy_mask", "turn_reward", "turn_start", "turns"):
-            getattr(self, key)[slots] = snap[key]
-        for s, messages in zip(slots, snap["messages"], strict=True):
-            self.messages[s] = messages
+    def commit(self, answers: Answers) -> None:
+        """Record each ended turn (its last token at response column ``last``) and the reply written after it."""
+        for slot, turn_text, (text, reward, _), last, reply_ids in answers.records:
+            self.turn_reward[slot, last] = reward
+            self.turns[slot] += 1
+            self.messages[slot].append({"role": "assistant", "content": turn_text})
+            if reply_ids is not None:
+                self.messages[slot].append({"role": "user", "content": text})
+                self.turn_starts[slot] = last + 1 + len(reply_ids)
 
-
-def _partners():
-    import textgym.partners
-
-    return textgym.partners
+    def summary(self, slot: int, answers: Answers, capped: bool, turn_text: str, length: int) -> Summary:
+        """A finished conversation: its turn rewards, their sum (the task's gold without a gold scorer), its turns
+        and messages, with the turn that ended on this step counted."""
+        turn_reward, turns = self.turn_reward[slot].copy(), int(self.turns[slot])
+        messages = list(self.messages[slot])
+        for s, text, (_, reward, _), last, _ in answers.records:
+            if s == slot:
+                turn_reward[last], turns = reward, turns + 1
+                messages.append({"role": "assistant", "content": text})
+        if capped:  # cut mid-turn by the conversation's cap: the partial turn is the last message
+            messages.append({"role": "assistant", "content": turn_text})
+        total = turn_reward.sum()
+        infos = {"turns": np.int64(turns + capped), "turn_reward_sum": np.float64(total), "conversation": messages,
+                 "conversation_length": np.int64(length)}  # fmt: skip
+        return Summary(turn_reward, float(total), infos)
