@@ -60,7 +60,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import textgym  # noqa: F401
 from textgym.envs import DEFAULT_KL_COEF
 from textgym.policies import LMSampler
 from textgym.threads import use_threads

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import torch
 
-import textgym  # noqa: F401
 from textgym.envs import load_prompts
 from textgym.envs.text_rlhf import PARTNER_SEEDS
 from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-import textgym  # noqa: F401
 from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.functional import masked_mean
 from textgym.policies import LMSampler

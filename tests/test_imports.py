@@ -214,3 +214,39 @@ def test_import_textgym_and_the_cli_help_load_neither_torch_nor_transformers():
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "[]" and out[1] == "TextRLHFEnv"
+
+
+def folder_graph(graph: dict[str, set[str]], files: dict[str, Path]) -> dict[str, set[str]]:
+    """``graph`` with each sub-folder's modules collapsed into the folder (``textgym.rewards.base`` ->
+    ``textgym.rewards``); a module at a source folder's root stays itself (``textgym.models``)."""
+
+    def folder(module: str) -> str:
+        root = max((r for r in SOURCES if module == r or module.startswith(r + ".")), key=len)
+        parts, depth = module.split("."), len(root.split("."))
+        return ".".join(parts[: depth + 1]) if len(parts) > depth + 1 or module in packages else module
+
+    packages = {m for m, p in files.items() if p.name == "__init__.py"} - set(SOURCES)
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(folder(module), set()).update(folder(t) for t in targets if t not in SOURCES)
+    for here, there in out.items():
+        there.discard(here)
+    return out
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    """Issue 43.4: the build scripts in textgym/assets import the reward models and textgym.models, which took their
+    asset paths from textgym.assets: the two folders imported each other. The paths live in textgym.asset_paths."""
+    graph, files = import_graph(SOURCES), module_files(SOURCES)
+    folders = folder_graph(graph, files)
+    assert "textgym.assets" in folders and "textgym.rewards" in folders["textgym.assets"]
+    found = cycles(folders)
+    assert not found, "folder cycles:\n" + "\n".join(_describe(c, folders) for c in found)
+
+
+def test_no_module_imports_the_package_root():
+    """Issue 43.4: episodes.py and the CLI imported ``textgym`` itself to register the env ids, a tie upward to the
+    package root; any ``textgym.*`` module runs the root ``__init__`` (which registers them) before its own code."""
+    graph = import_graph(SOURCES)
+    upward = sorted(m for m, targets in graph.items() if "textgym" in targets and m != "textgym")
+    assert upward == [], upward

@@ -22,7 +22,7 @@ from importlib import import_module  # noqa: E402
 
 from gymnasium.envs.registration import register  # noqa: E402
 
-from textgym.assets import ARITH_LM, ARITH_TRAIN  # noqa: E402
+from textgym.asset_paths import ARITH_LM, ARITH_TRAIN  # noqa: E402
 
 if "torch" in sys.modules:  # loaded first: one core fewer now (threads.py); else when the env classes load torch
     apply_default_threads()

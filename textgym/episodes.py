@@ -47,9 +47,7 @@ def make_episode_envs(env_id: str = "TextRLHF-v0", num_envs: int = 1, **env_kwar
     **env_kwargs)``: the one place that setup is written (the trainer, its Ray workers, evaluation,
     calibration, REINFORCE and ``textgym play`` build their envs here).
     """
-    import gymnasium as gym
-
-    import textgym  # noqa: F401  (registers the env ids)
+    import gymnasium as gym  # the env ids are registered: textgym's __init__ ran before this module
 
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
                         **env_kwargs)  # fmt: skip
@@ -131,7 +129,9 @@ def collect_episodes(
         returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS
         penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``, ``turns``,
         ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
-        in a conversation its ``transcript`` (:func:`transcript`).
+        in a conversation its ``transcript`` (:func:`transcript`): ``td["response"]`` is a list of B str
+        (tensordict's ``LinkedList`` subclass: an item set on it is written back into ``td``),
+        ``td.get("response").tolist()`` a plain list, ``td[i]["response"]`` episode i's str.
     """
     _check_envs(envs)
     start = time.perf_counter()

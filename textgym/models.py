@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 # The asset paths live in textgym.assets; re-exported here, where the agents, examples and tests import them.
-from textgym.assets import (
+from textgym.asset_paths import (
     ARITH_EVAL,
     ARITH_LM,
     ARITH_PROXY_RM,

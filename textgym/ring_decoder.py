@@ -23,7 +23,7 @@ import contextlib
 import torch
 from torch import Tensor
 
-from textgym.envs.checks import DECODERS
+from textgym.decoders import DECODERS
 from textgym.models import FP32_ATTENTION, CachedDecoder, prefill_forward
 
 __all__ = ["DECODERS", "GraphedStep", "RingDecoder", "make_decoder", "resolve_decoder"]

@@ -10,7 +10,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from textgym.envs.checks import DECODERS, DEFAULT_KL_COEF, check_kl_coef
+from textgym.decoders import DECODERS
+from textgym.envs.checks import DEFAULT_KL_COEF, check_kl_coef
 
 __all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
            "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip

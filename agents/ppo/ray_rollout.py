@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -187,10 +188,8 @@ class RolloutWorker:
 
 
 def package_home() -> str:
-    """The folder ``textgym`` was imported from in this process."""
-    import textgym
-
-    return str(Path(textgym.__file__).resolve().parent)
+    """The folder ``textgym`` was imported from in this process (this module's own package root: already imported)."""
+    return str(Path(sys.modules["textgym"].__file__).resolve().parent)
 
 
 def check_no_shadowing_checkout() -> None:

@@ -18,12 +18,8 @@ if TYPE_CHECKING:
     from textgym.rewards.base import RewardNorm
 
 DEFAULT_KL_COEF = 0.05  # β: the one default of the env, the PPO agent, the CLI and the benchmark
-# "auto" is the ring on every device until the graph's replay is checked on a GPU (bench/gpu_smoke.sh decode):
-# it is built and its CPU side tested, but no device was lent to the session that wrote it
-DECODERS = ("auto", "dynamic", "ring", "graph")
 
 __all__ = [
-    "DECODERS",
     "DEFAULT_KL_COEF",
     "check_chat_template",
     "check_int",

@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from textgym.assets import DEFAULT_PROMPTS, PROMPT_SETS
+from textgym.asset_paths import DEFAULT_PROMPTS, PROMPT_SETS
 from textgym.utils import short_repr
 
 __all__ = ["load_prompts"]

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from textgym.assets import ASSETS
+from textgym.asset_paths import ASSETS
 from textgym.errors import RewardModelError
 from textgym.timeouts import CallAbandoned, call_within
 from textgym.utils import short_repr

@@ -25,7 +25,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from textgym.assets import DEFAULT_RM
+from textgym.asset_paths import DEFAULT_RM
 from textgym.imports import import_module_named
 from textgym.rewards.base import RewardModel
 from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer

@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from textgym.assets import ARITH_PROXY_RM
+from textgym.asset_paths import ARITH_PROXY_RM
 from textgym.rewards.answers import committed_answer
 from textgym.rewards.base import Episodes
 from textgym.rewards.builtin import HFRewardModel
