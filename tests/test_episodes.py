@@ -99,3 +99,19 @@ def test_greedy_log_probs_and_kl_agree():
     kl = ((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum(1)
     torch.testing.assert_close(kl, -(ep["ref_logprob"] * ep["mask"]).sum(1))
     assert (kl > 0).all()
+
+
+def test_text_columns_are_lists_of_str_per_episode_and_a_plain_list_on_request():
+    """Issue 42.13: ``td["response"]`` prints as ``LinkedList([...])``. It is tensordict's list subclass (an item
+    assigned to it is written back into the TensorDict); the docs say so and name ``.get(key).tolist()``."""
+    import json
+
+    envs = make_envs(3)
+    td = collect_episodes(envs, sampler(envs), seed=0)
+    responses = td["response"]
+    assert isinstance(responses, list) and len(responses) == 3 and all(isinstance(r, str) for r in responses)
+    plain = td.get("response").tolist()
+    assert type(plain) is list and plain == responses and json.loads(json.dumps(responses)) == plain
+    assert td[1]["response"] == plain[1] and isinstance(td[1]["prompt"], str)
+    responses[0] = "edited"  # the documented write-back
+    assert td.get("response").tolist()[0] == "edited"
