@@ -61,6 +61,7 @@ import numpy as np
 import torch
 
 from textgym.envs import DEFAULT_KL_COEF
+from textgym.envs.settings import ENV_FIELDS
 from textgym.policies import LMSampler
 from textgym.threads import use_threads
 
@@ -247,8 +248,7 @@ def agent_config(ctx: RunContext, algo: str):
     kw = ctx.env_kwargs
     settings = dict(num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=ctx.task.agent_lr,
                     ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3,
-                    **{k: ctx.task.env[k] for k in ("model", "chat_template", "partner", "max_turns", "max_turn_tokens")
-                       if k in ctx.task.env})  # fmt: skip
+                    **{k: v for k, v in ctx.task.env.items() if k in ENV_FIELDS})  # fmt: skip
     settings.update(ctx.task.agent)
     return PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",
                      env_id=ctx.env_id, algo=algo, group_size=GROUP_SIZE, max_new_tokens=kw["max_new_tokens"],

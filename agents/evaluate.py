@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from textgym.envs import load_prompts
+from textgym.envs.settings import ENV_FIELDS
 from textgym.envs.text_rlhf import PARTNER_SEEDS
 from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
@@ -30,9 +31,7 @@ __all__ = ["RUN_INFO", "distinct_n", "evaluate", "format_eval", "load_sampler", 
            "split_run_settings"]  # fmt: skip
 
 RUN_INFO = "textgym_run.json"  # beside a saved policy: the β and env settings it was trained with
-ENV_SETTINGS = ("kl_coef", "max_new_tokens", "missing_eos_penalty", "model", "reward_model", "gold_scorer", "env_id",
-                "chat_template", "normalize_reward", "eval_prompts", "partner", "max_turns",
-                "max_turn_tokens", "max_prompt_tokens")  # fmt: skip
+ENV_SETTINGS = ("kl_coef", *ENV_FIELDS)  # β and textgym.envs.settings.EnvSettings: the one list
 SAMPLING = ("top_k", "top_p")  # how a saved policy sampled: it is evaluated sampling the same way
 
 

@@ -129,9 +129,8 @@ def collect_episodes(
         returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS
         penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``, ``turns``,
         ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
-        in a conversation its ``transcript`` (:func:`transcript`): ``td["response"]`` is a list of B str
-        (tensordict's ``LinkedList`` subclass: an item set on it is written back into ``td``),
-        ``td.get("response").tolist()`` a plain list, ``td[i]["response"]`` episode i's str.
+        in a conversation its ``transcript`` (:func:`transcript`): ``td["response"]`` is a list of B str (tensordict's
+        ``LinkedList``: an item set on it is written back into ``td``), ``td.get("response").tolist()`` a plain list.
     """
     _check_envs(envs)
     start = time.perf_counter()

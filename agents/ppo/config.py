@@ -12,6 +12,7 @@ from typing import Any
 
 from textgym.decoders import DECODERS
 from textgym.envs.checks import DEFAULT_KL_COEF, check_kl_coef
+from textgym.envs.settings import ENV_FIELDS, EnvSettings
 
 __all__ = ["KL_PENALTIES", "LR_SCHEDULES", "PPOConfig", "PRESETS", "PRESET_DIR", "RESUME_APPLIED", "RESUME_FREE",
            "add_config_args", "config_from_args", "field_defaults", "load_config_file"]  # fmt: skip
@@ -30,9 +31,7 @@ FIELD_GROUPS = {
                   "whiten_rewards", "max_grad_norm", "early_stop_kl"),
     "optimiser": ("learning_rate", "critic_learning_rate", "lr_schedule", "warmup_iterations", "lora_rank",
                   "lora_alpha", "merged_rollout"),
-    "env (the task)": ("env_id", "model", "reward_model", "gold_scorer", "prompts", "prompt_column", "eval_prompts",
-                       "chat_template", "normalize_reward", "max_new_tokens", "missing_eos_penalty", "reward_timeout",
-                       "partner", "max_turns", "max_turn_tokens", "max_prompt_tokens"),
+    "env (the task)": ENV_FIELDS,  # textgym.envs.settings.EnvSettings: the one list
     "sampling": ("temperature", "top_k", "top_p"),
     "run": ("total_episodes", "num_envs", "seed", "device", "precision", "gradient_checkpointing", "decoder", "threads",
             "deterministic", "out", "resume",
@@ -44,11 +43,12 @@ CHOICES = {"algo": ALGOS, "grpo_scale": GROUP_SCALES, "kl_penalty": KL_PENALTIES
            "precision": ("auto", "fp32", "bf16"), "decoder": DECODERS}  # fmt: skip
 RESUME_APPLIED = ("total_episodes", "learning_rate", "critic_learning_rate", "early_stop_kl")
 RESUME_FREE = ("out", "resume", "checkpoint_every", "progress", "samples_every", "num_samples", "eval_every",
-               "eval_episodes", "ray_address", "report_to", "reward_timeout", "gradient_checkpointing")  # fmt: skip
+               "eval_episodes", "ray_address", "report_to", "reward_timeout", "partner_timeout",
+               "gradient_checkpointing")  # fmt: skip
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(EnvSettings):
     """PPO for RLHF on TextRLHF-v0; defaults after TRL and "The N+ Implementation Details of
     RLHF with PPO" (Huang et al., 2024).
 
@@ -77,38 +77,9 @@ class PPOConfig:
         resume: continue the run in ``out`` from its checkpoint; changing a field that defines the run is refused.
             total_episodes, learning_rate, critic_learning_rate and early_stop_kl may change (applied from the
             resumed iteration on); out, checkpoint_every, progress, report_to, samples_every, num_samples,
-            eval_every, eval_episodes, ray_address, reward_timeout and gradient_checkpointing freely; a folder
-            without a run starts one.
-        env_id: the registered env to train on: ``TextRLHF-v0`` (sentiment, learned RM),
-            ``TextArithmetic-v0`` (verifiable "a+b=" answers) or ``TextMultiTurn-v0`` (a conversation with a
-            ``partner``); its registered defaults apply.
-        model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
-        reward_model: r_φ, by name (default embedded RM): a registered name, an HF folder or id, a URL or
-            ``module:attr``. A function or object is registered first (``textgym.rewards.register``), as
-            the config is saved as JSON.
-        gold_scorer: what ``gold_score`` measures beside the RM (the same routes; default: the env's, VADER
-            for ``TextRLHF-v0``); a verifiable task names its checker here too.
-        prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
-            name, ``NAME[:SPLIT]`` (default: the env's set).
-        prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
-        eval_prompts: held-out prompts for ``eval_every`` and ``textgym eval`` of the saved policy
-            (same forms as ``prompts``; default: the env's eval split).
-        chat_template: put each prompt into the tokenizer's chat template as the user turn (chat models).
-        normalize_reward: standardise the RM score with its stored mean/std under π_ref (None: when
-            stored). Turn it off for a policy model the stored statistics were not measured under.
-        max_new_tokens: response length cap of the env (of a conversation: its tokens after the opening, the
-            policy's and the partner's).
-        max_prompt_tokens: the env's prompt block (None: the longest prompt, or with a partner the longest
-            opening of seeds 0-3 plus a margin, ``textgym.envs.engine.opening_margin``); give it when a game's
-            opening for some seed is longer (the env's error names the width that fits).
-        partner: who answers the policy in ``TextMultiTurn-v0``, by name: ``"textarena:<GameId>"``,
-            ``"guess-the-number-10"``, ``"calculator"``, ``module:attr`` or an entry point (see
-            :mod:`textgym.partners`); None: one turn.
-        max_turns: the policy's turns per conversation (None: until the partner ends it or tokens run out).
-        max_turn_tokens: the policy's tokens per turn (None: ``max_new_tokens`` bounds it).
-        missing_eos_penalty: env penalty for responses that reach the length cap without a stop token.
-        reward_timeout: seconds the env waits for each reward-model call before the run stops with an error
-            naming the model (None: wait forever). Generous: a large RM on a CPU scores a batch in seconds.
+            eval_every, eval_episodes, ray_address, reward_timeout, partner_timeout and gradient_checkpointing
+            freely; a folder without a run starts one.
+        (the env's fields: :class:`textgym.envs.settings.EnvSettings`)
         kl_coef: initial β (the env's default, ``textgym.envs.DEFAULT_KL_COEF``).
         target_kl: per-sequence KL target of the adaptive controller; None keeps β fixed. The KL is the
             sampling distribution's: under top_k/top_p it includes the truncation's own KL to π_ref (> 0 at
@@ -200,22 +171,6 @@ class PPOConfig:
     deterministic: bool = False
     out: str = "runs/ppo"
     resume: bool = False
-    env_id: str = "TextRLHF-v0"
-    model: str | None = None
-    reward_model: str | None = None
-    gold_scorer: str | None = None
-    prompts: str | None = None
-    prompt_column: str = "prompt"
-    eval_prompts: str | None = None
-    chat_template: bool = False
-    normalize_reward: bool | None = None
-    max_new_tokens: int = 32
-    max_prompt_tokens: int | None = None
-    partner: str | None = None
-    max_turns: int | None = None
-    max_turn_tokens: int | None = None
-    missing_eos_penalty: float = 0.0
-    reward_timeout: float | None = 300.0
     kl_coef: float = DEFAULT_KL_COEF
     target_kl: float | None = 6.0
     kl_horizon: int = 10000
@@ -260,7 +215,8 @@ class PPOConfig:
     def __post_init__(self) -> None:
         _check_scorers_are_names(self)  # before the type check: a function here has a fix to name
         check_field_types(self)  # first: "false" for a bool is truthy, and "1e-4" fails later inside a model
-        positive_ints = ("total_episodes", "num_envs", "max_new_tokens", "ppo_epochs", "num_minibatches",
+        self.check_env_settings()
+        positive_ints = ("total_episodes", "num_envs", "ppo_epochs", "num_minibatches",
                          "checkpoint_every", "kl_horizon", "group_size")  # fmt: skip
         for name in positive_ints:
             value = getattr(self, name)
@@ -272,12 +228,8 @@ class PPOConfig:
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a finite float > 0")
         check_kl_coef(self.kl_coef)
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            raise ValueError(f"max_prompt_tokens={self.max_prompt_tokens!r} must be an int >= 1 or None (the env's)")
-        for name in ("critic_coef", "missing_eos_penalty"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name}={value!r} must be a finite float >= 0")
+        if not math.isfinite(self.critic_coef) or self.critic_coef < 0:
+            raise ValueError(f"critic_coef={self.critic_coef!r} must be a finite float >= 0")
         for name in ("gamma", "lmbda"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
@@ -334,8 +286,6 @@ class PPOConfig:
             raise ValueError(f"threads={threads!r} must be an int >= 1 or None (one per core)")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"lr_schedule={self.lr_schedule!r} is not one of {LR_SCHEDULES}")
-        if self.reward_timeout is not None and not (math.isfinite(self.reward_timeout) and self.reward_timeout > 0):
-            raise ValueError(f"reward_timeout={self.reward_timeout!r} must be a finite float > 0 (seconds) or None")
         if self.early_stop_kl is not None and not (math.isfinite(self.early_stop_kl) and self.early_stop_kl > 0):
             raise ValueError(f"early_stop_kl={self.early_stop_kl!r} must be a finite float > 0 or None (never stop)")
         from .reporting import check_reporters  # names and installed packages only: no backend imported
@@ -371,21 +321,8 @@ class PPOConfig:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def env_kwargs(self) -> dict[str, Any]:
-        """The ``gym.make`` arguments this config sets."""
-        kwargs = {"max_new_tokens": self.max_new_tokens, "kl_coef": self.kl_coef,
-                  "missing_eos_penalty": self.missing_eos_penalty, "reward_timeout": self.reward_timeout}  # fmt: skip
-        optional = ("model", "reward_model", "gold_scorer", "prompts", "partner", "max_turns", "max_turn_tokens",
-                    "max_prompt_tokens")  # fmt: skip
-        for name in optional:
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        if self.prompt_column != "prompt":
-            kwargs["prompt_column"] = self.prompt_column
-        if self.chat_template:
-            kwargs["chat_template"] = True
-        if self.normalize_reward is not None:
-            kwargs["normalize_reward"] = self.normalize_reward
-        return kwargs
+        """The ``gym.make`` arguments this config sets: its env settings' and β."""
+        return {**super().env_kwargs(), "kl_coef": self.kl_coef}
 
 
 def _check_scorers_are_names(cfg: PPOConfig) -> None:
@@ -537,7 +474,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                         help=f"preset the flags start from (files in {PRESET_DIR})")  # fmt: skip
     parser.add_argument("--config-file", default=None, help="a JSON file of fields (a copied preset, or a run's "
                         "OUT/config.json), applied over the preset; flags given apply over it")  # fmt: skip
-    docs = attribute_docs(PPOConfig.__doc__ or "")
+    docs = {**attribute_docs(EnvSettings.__doc__ or ""), **attribute_docs(PPOConfig.__doc__ or "")}
     defaults = field_defaults()
     types = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in fields(PPOConfig) if f.init}
     for title, names in FIELD_GROUPS.items():

@@ -417,15 +417,12 @@ class Trainer:
     def run_info(self) -> dict[str, Any]:
         """What evaluating the saved policy needs to measure the objective it was trained on."""
         cfg = self.cfg
-        info = {"env_id": cfg.env_id, "kl_coef": self.last_beta, "max_new_tokens": cfg.max_new_tokens,
-                "temperature": cfg.temperature,
-                "missing_eos_penalty": cfg.missing_eos_penalty, "kl_penalty": cfg.kl_penalty}  # fmt: skip
-        settings = ("model", "reward_model", "gold_scorer", "top_k", "top_p", "eval_prompts", "normalize_reward",
-                    "partner", "max_turns", "max_turn_tokens")  # fmt: skip
-        info |= {k: getattr(cfg, k) for k in settings if getattr(cfg, k) is not None}
+        info = {**cfg.env_settings().run_info(), "kl_coef": self.last_beta, "temperature": cfg.temperature,
+                "kl_penalty": cfg.kl_penalty}  # fmt: skip
+        info |= {k: getattr(cfg, k) for k in ("top_k", "top_p") if getattr(cfg, k) is not None}
         if (norm := self.env_overrides.get("normalize_reward")) is not None:
             info["normalize_reward"] = reward_scale(norm)  # the scale the run paid: eval standardises alike
-        return info | ({"chat_template": True} if cfg.chat_template else {})
+        return info
 
     def load(self, ckpt: Path) -> None:
         """Continue from ``ckpt``; this trainer's learning rates win over the saved ones (``RESUME_APPLIED``)."""

@@ -219,9 +219,8 @@ class Engine:
         self.rewards = load_scorers(reward_model, gold_scorer, normalize_reward, optional=self.dialogue.has_partner,
                                     device=self.device, tokenizer=enc.tokenizer, reference=self.model, shape=(P, T),
                                     timeout=reward_timeout, missing_eos_penalty=missing_eos_penalty)  # fmt: skip
-        self.rewards.kl_coef = kl_coef
+        self.rewards.kl_coef, self.num_slots = kl_coef, num_slots
         check_slots_fit(self.model, enc.vocab_size, num_slots, self.seq_len, T, scoring)
-        self.num_slots = num_slots
         self.layout = Layout(num_slots, P, T, enc.pad_id)
         self.reference = Reference(self.model, num_slots, self.seq_len, enc.vocab_size, scoring, self.device)
 
