@@ -31,15 +31,15 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/textgym train --config demo --overwrite
-	$(BIN)/textgym eval --model runs/demo/policy --out runs/demo/eval.json
+	$(BIN)/textgym eval --policy runs/demo/policy --out runs/demo/eval.json
 	$(BIN)/python -m textgym.agents.ppo.plot runs/demo
 
 # PPO on SmolLM2-135M-Instruct (the real-model run of docs/real-models.md): about 25 minutes of
 # training and 6 of evaluation on 2 cores, with a progress bar and ETA; both held-out sets, then the curves.
 demo-real: $(STAMP)
 	$(BIN)/textgym train --config smollm2-sentiment --overwrite
-	$(BIN)/textgym eval --model runs/smollm2-sentiment/policy --out runs/smollm2-sentiment/eval.json
-	$(BIN)/textgym eval --model runs/smollm2-sentiment/policy --prompts review-requests-reworded \
+	$(BIN)/textgym eval --policy runs/smollm2-sentiment/policy --out runs/smollm2-sentiment/eval.json
+	$(BIN)/textgym eval --policy runs/smollm2-sentiment/policy --prompts review-requests-reworded \
 		--out runs/smollm2-sentiment/eval_reworded.json
 	$(BIN)/python -m textgym.agents.ppo.plot runs/smollm2-sentiment
 

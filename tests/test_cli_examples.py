@@ -48,15 +48,21 @@ def test_eval_refuses_a_policy_that_does_not_exist_before_evaluating_pi_ref(monk
 
     monkeypatch.setattr(evaluate, "evaluate", lambda *a, **k: pytest.fail("pi_ref was evaluated first"))
     with pytest.raises(SystemExit):
-        main(["eval", "--model", "/no/such/policy"])
-    assert "--model='/no/such/policy' does not exist (no such folder)" in capsys.readouterr().err
+        main(["eval", "--policy", "/no/such/policy"])
+    assert "--policy='/no/such/policy' does not exist (no such folder)" in capsys.readouterr().err
 
 
 def test_play_of_a_trained_policy_samples_it_in_its_runs_env_against_its_pi_ref(tmp_path):
-    """Issue 37.9: ``play --model OUT/policy`` made the policy π_ref (KL 0.000) at the env's 32 tokens, not at 6."""
+    """Issue 37.9: ``play --model OUT/policy`` made the policy π_ref (KL 0.000) at the env's 32 tokens, not at 6.
+    Issue 43.3: the policy is ``--policy`` (``--model`` names π_ref, as in train); ``--model OUT/policy`` still plays
+    it for one version, with a FutureWarning naming ``--policy``."""
     run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
          "--learning-rate", "0.01", "--no-progress"])  # fmt: skip
-    out = run([*TEXTGYM, "play", "--model", str(tmp_path / "run" / "policy"), "--episodes", "3"], quiet=True)
+    out = run([*TEXTGYM, "play", "--policy", str(tmp_path / "run" / "policy"), "--episodes", "3"], quiet=True)
+    old = subprocess.run([*TEXTGYM, "play", "--model", str(tmp_path / "run" / "policy"), "--episodes", "3"], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    assert old.returncode == 0 and old.stdout == out
+    assert "FutureWarning: textgym play --model for the policy is deprecated" in old.stderr and "--policy" in old.stderr
     lengths = [int(n) for n in re.findall(r"tokens (\d+)", out)]
     kls = [float(k) for k in re.findall(r"KL (-?[\d.]+)", out)]
     assert len(lengths) == 3 and max(lengths) <= 6  # the run's length cap
@@ -72,7 +78,7 @@ def test_train_then_eval_the_result_with_the_runs_beta_and_plot_it(tmp_path):
     assert (tmp_path / "run" / "policy" / "config.json").exists()
     run([sys.executable, "-m", "textgym.agents.ppo.plot", str(tmp_path / "run")])
     assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
-    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--ref-model", str(DEFAULT_LM),
+    out = run([*TEXTGYM, "eval", "--policy", str(tmp_path / "run" / "policy"), "--model", str(DEFAULT_LM),
                "--episodes", "8", "--num-envs", "8", "--out", str(tmp_path / "eval.json")])  # fmt: skip
     assert "pi_ref:" in out and "policy:" in out
     result = json.loads((tmp_path / "eval.json").read_text())
@@ -93,7 +99,7 @@ def test_eval_of_a_run_with_eval_prompts_and_top_k_measures_both_in_the_runs_env
     (tmp_path / "eval.txt").write_text("\n".join(prompts) + "\n")
     run([*TEXTGYM, "train", "--config", "tiny", "--out", str(tmp_path / "run"), "--total-episodes", "8",
          "--eval-prompts", str(tmp_path / "eval.txt"), "--top-k", "50"])  # fmt: skip
-    out = run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "6", "--num-envs", "6",
+    out = run([*TEXTGYM, "eval", "--policy", str(tmp_path / "run" / "policy"), "--episodes", "6", "--num-envs", "6",
                "--out", str(tmp_path / "eval.json")])  # fmt: skip
     assert "pi_ref:" in out and "policy:" in out
     result = json.loads((tmp_path / "eval.json").read_text())
@@ -123,7 +129,7 @@ def test_the_demo_preset_trains_and_evaluates_without_a_warning(tmp_path):
     mean, std = json.loads((tmp_path / "run" / "policy" / "textgym_run.json").read_text())["normalize_reward"]
     stored = json.loads((ROOT / "textgym" / "assets" / "rm" / "textgym_reward.json").read_text())
     assert stored["max_new_tokens"] == 32 and (mean, std) != (stored["mean"], stored["std"]) and std > 0
-    run([*TEXTGYM, "eval", "--model", str(tmp_path / "run" / "policy"), "--episodes", "8", "--num-envs", "8",
+    run([*TEXTGYM, "eval", "--policy", str(tmp_path / "run" / "policy"), "--episodes", "8", "--num-envs", "8",
          "--no-progress"], quiet=True)  # fmt: skip
 
 
@@ -314,3 +320,26 @@ def test_rm_train_and_calibrate(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2 and "pairs.jsonl:2: invalid JSON" in proc.stderr
     assert not (tmp_path / "rm2").exists()
+
+
+def test_renamed_flags_still_work_for_one_version_with_a_warning_naming_the_new_one():
+    """Issue 43.3: one name per quantity: rm-train's --lr is --learning-rate (as in train), eval's policy is --policy
+    (--model names π_ref, as in train and info)."""
+    import argparse
+
+    from textgym.cli import _policy_flag, build_parser
+
+    parser = build_parser()
+    with pytest.warns(FutureWarning, match=r"^--lr is deprecated and will be removed in the next version: use "
+                      r"--learning-rate$"):  # fmt: skip
+        args = parser.parse_args(["rm-train", "--pairs", "p.jsonl", "--out", "rm", "--lr", "0.003"])
+    assert args.learning_rate == 0.003
+    assert parser.parse_args(["rm-train", "--pairs", "p.jsonl", "--out", "rm"]).learning_rate == 1e-4
+    args = parser.parse_args(["eval", "--model", "runs/x/policy"])
+    with pytest.warns(FutureWarning, match=r"textgym eval --model for the policy is deprecated .* use --policy "
+                      r"runs/x/policy \(--model names π_ref"):  # fmt: skip
+        assert _policy_flag(args, "eval") == "runs/x/policy"
+    assert args.model is None  # not also π_ref
+    new = parser.parse_args(["eval", "--policy", "runs/x/policy", "--model", "lm"])
+    assert _policy_flag(new, "eval") == "runs/x/policy" and new.model == "lm"
+    assert _policy_flag(argparse.Namespace(policy=None, model="some/lm"), "play") is None  # play: π_ref itself

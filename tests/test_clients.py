@@ -170,7 +170,7 @@ def _other_vocabulary_lm(path: Path) -> Path:
 def test_eval_refuses_a_policy_with_another_vocabulary(tmp_path, capsys):
     policy = _other_vocabulary_lm(tmp_path / "other")
     with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "--model", str(policy), "--episodes", "4", "--num-envs", "4", "--max-new-tokens", "4"])
+        main(["eval", "--policy", str(policy), "--episodes", "4", "--num-envs", "4", "--max-new-tokens", "4"])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2
     assert "vocabulary of 3000 tokens, π_ref has 2048" in err and "--ref-model" in err

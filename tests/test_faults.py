@@ -247,7 +247,7 @@ def test_the_gold_scorer_of_a_run_info_file_is_taken_by_name_and_refused_as_code
 
 def test_a_module_path_env_id_in_a_run_info_file_is_refused(done_run, tmp_path, monkeypatch, capsys):
     """Issue 37.3: a run-info ``env_id`` of ``module:EnvName`` made gym.make import the module: code that came with
-    the weights ran on `textgym eval --model` from the folder's parent."""
+    the weights ran on `textgym eval --policy` from the folder's parent."""
     from textgym.agents.evaluate import evaluate
     from textgym.cli import main
 
@@ -257,7 +257,7 @@ def test_a_module_path_env_id_in_a_run_info_file_is_refused(done_run, tmp_path, 
     with pytest.raises(ValueError, match=r"textgym_run\.json names env_id='envpol\.evil:TextRLHF-v0', a module"):
         evaluate(str(pol), episodes=2, num_envs=2)
     with pytest.raises(SystemExit) as exit_:
-        main(["eval", "--model", "envpol", "--episodes", "2", "--num-envs", "2", "--no-progress"])
+        main(["eval", "--policy", "envpol", "--episodes", "2", "--num-envs", "2", "--no-progress"])
     assert exit_.value.code == 2 and "names env_id='envpol.evil:TextRLHF-v0'" in capsys.readouterr().err
     assert not marker.exists(), "the module named by the run-info file was imported"
     evaluate(str(pol), episodes=2, num_envs=2, env_id="envpol.evil:TextRLHF-v0")  # given by the caller: taken
@@ -267,7 +267,7 @@ def test_a_module_path_env_id_in_a_run_info_file_is_refused(done_run, tmp_path, 
 def test_eval_prints_what_it_took_from_the_run_info(done_run, capsys):
     from textgym.cli import main
 
-    main(["eval", "--model", str(done_run / "policy"), "--episodes", "2", "--num-envs", "2", "--no-progress"])
+    main(["eval", "--policy", str(done_run / "policy"), "--episodes", "2", "--num-envs", "2", "--no-progress"])
     err = capsys.readouterr().err
     info = json.loads((done_run / "policy" / "textgym_run.json").read_text())
     assert f"from {done_run / 'policy' / 'textgym_run.json'}" in err

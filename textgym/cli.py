@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 from textgym.errors import RewardModelError
@@ -71,6 +72,19 @@ def set_threads(requested: int | None) -> int:
         The thread count torch now uses.
     """
     return use_threads(requested)
+
+
+class _Renamed(argparse.Action):
+    """A flag renamed for one name per quantity: still taken for one version, with a warning naming the new one."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        warnings.warn(f"{option_string} is deprecated and will be removed in the next version: use {self.new}",
+                      FutureWarning, stacklevel=2)  # fmt: skip
+        setattr(namespace, self.dest, values)
 
 
 def _set_flag_type(parser: argparse.ArgumentParser, flag: str, kind) -> None:
@@ -191,20 +205,19 @@ def cmd_play(args: argparse.Namespace) -> None:
 def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dict]:
     """(policy folder, or None for π_ref; env id; temperature; sampling truncation; env arguments) of ``play``.
 
-    A policy saved by ``textgym train`` (its folder holds the run info) is played as ``eval`` measures it:
-    against the run's π_ref, in the run's env, sampling as it was trained; it would otherwise be π_ref
-    itself (KL 0) at the env's default length. Any other ``--model`` is π_ref.
+    A policy saved by ``textgym train`` (``--policy OUT/policy``: its folder holds the run info) is played as
+    ``eval`` measures it: against the run's π_ref, in the run's env, sampling as it was trained; it would
+    otherwise be π_ref itself (KL 0) at the env's default length. ``--model`` is π_ref, as in ``train``.
     """
-    from textgym.agents.evaluate import RUN_INFO, run_settings, run_settings_note, split_run_settings
+    from textgym.agents.evaluate import run_settings, run_settings_note, split_run_settings
 
+    policy = _policy_flag(args, "play")
     kwargs = _env_kwargs(args)
-    if args.model is None or not (Path(args.model) / RUN_INFO).is_file():
+    if policy is None:
         if args.ref_model is not None:
-            raise ValueError(f"--ref-model={args.ref_model!r} is the π_ref of a trained policy, but --model="
-                             f"{args.model!r} is no policy saved by `textgym train` (no {RUN_INFO}); give π_ref "
-                             "with --model alone")  # fmt: skip
+            raise ValueError(f"--ref-model={args.ref_model!r} is the π_ref of a trained --policy, and none is given; "
+                             "give π_ref with --model alone")  # fmt: skip
         return None, _env_id(args), 1.0 if args.temperature is None else args.temperature, {}, kwargs
-    policy = kwargs.pop("model")
     if args.ref_model is not None:
         kwargs["model"] = args.ref_model
     if note := run_settings_note(policy, kwargs):
@@ -213,6 +226,22 @@ def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dic
     run.pop("eval_prompts", None)  # play samples the env's prompts (or --prompts)
     env_id, temperature, sampling, kwargs = split_run_settings(run, args.temperature, kwargs)
     return policy, env_id, temperature, sampling, kwargs
+
+
+def _policy_flag(args: argparse.Namespace, command: str) -> str | None:
+    """``--policy``; or, for one more version, the trained policy given as ``--model`` (with a warning): ``--model``
+    names π_ref, as in ``train`` and ``info``. In ``play`` a ``--model`` folder without run info is π_ref."""
+    from textgym.agents.evaluate import RUN_INFO
+
+    if args.policy is not None or args.model is None:
+        return args.policy
+    if command == "play" and not (Path(args.model) / RUN_INFO).is_file():
+        return None
+    warnings.warn(f"textgym {command} --model for the policy is deprecated and will be removed in the next version: "
+                  f"use --policy {args.model} (--model names π_ref, as in `textgym train`)", FutureWarning,
+                  stacklevel=2)  # fmt: skip
+    policy, args.model = args.model, None
+    return policy
 
 
 RUN_OUTPUTS = ("metrics.jsonl", "policy", "value", "checkpoint")  # what `train` reports writing
@@ -241,24 +270,25 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from textgym.agents.evaluate import evaluate, format_eval, run_settings_note
     from textgym.models import check_model_source
 
-    kwargs = _env_kwargs(args)
-    kwargs.pop("model", None)  # π_ref stays the default (or --ref-model); --model is the policy
-    if args.model is not None:  # before π_ref's 128 episodes: a policy that cannot load is refused first
-        check_model_source("--model", args.model)
+    given = "--policy" if args.policy is not None else "--model"
+    policy = _policy_flag(args, "eval")
+    kwargs = _env_kwargs(args)  # with --policy, --model is π_ref
+    if policy is not None:  # before π_ref's 128 episodes: a policy that cannot load is refused first
+        check_model_source(given, policy)
     if args.env_id is not None or args.partner is not None:
         kwargs["env_id"] = _env_id(args)
     if args.ref_model:
         kwargs["model"] = args.ref_model
     if args.temperature is not None:
         kwargs["temperature"] = args.temperature
-    if note := run_settings_note(args.model, kwargs):  # the user sees what a model folder chose
+    if note := run_settings_note(policy, kwargs):  # the user sees what a model folder chose
         print(f"textgym eval: {note}", file=sys.stderr)
     # score − β·KL is the objective the policy was trained on: π_ref is measured in the same env
     # (the run's β, length cap, eval prompts, π_ref, RM and sampling; command-line flags override them).
     results = {}
-    for name, policy in (("pi_ref", None), ("policy", args.model)) if args.model else (("pi_ref", None),):
-        results[name] = evaluate(policy, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
-                                 progress=name if args.progress else False, run_of=args.model, **kwargs)  # fmt: skip
+    for name, model in (("pi_ref", None), ("policy", policy)) if policy else (("pi_ref", None),):
+        results[name] = evaluate(model, episodes=args.episodes, num_envs=args.num_envs, seed=args.seed,
+                                 progress=name if args.progress else False, run_of=policy, **kwargs)  # fmt: skip
         print(format_eval(name, results[name]))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -300,8 +330,8 @@ def cmd_rm_train(args: argparse.Namespace) -> None:
     pairs = load_pairs(args.pairs)
     val_pairs = load_pairs(args.val_pairs) if args.val_pairs else None
     result = train_reward_model(
-        pairs, args.backbone or DEFAULT_LM, args.out, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-        val_pairs=val_pairs, val_fraction=args.val_fraction, seed=args.seed,
+        pairs, args.backbone or DEFAULT_LM, args.out, epochs=args.epochs, lr=args.learning_rate,
+        batch_size=args.batch_size, val_pairs=val_pairs, val_fraction=args.val_fraction, seed=args.seed,
     )  # fmt: skip
     print(f"held-out pairwise accuracy {result.val_accuracy:.4f} (loss {result.val_loss:.4f}) on "
           f"{result.val_pairs} pairs after {result.epochs_run} epochs; saved {args.out}")  # fmt: skip
@@ -419,9 +449,10 @@ def _add_info(sub: _Subparsers) -> None:
 
 def _add_play(sub: _Subparsers) -> None:
     p = sub.add_parser("play", help="run π_ref, or a policy saved by `textgym train`, on a few prompts")
-    _env_args(p, model_help="π_ref (HF causal-LM folder or id; default: embedded LM), or a policy saved by "
-              "`textgym train` (OUT/policy), played against its run's π_ref in its run's env")  # fmt: skip
-    p.add_argument("--ref-model", default=None, help="π_ref of a trained --model if not its run's")
+    _env_args(p)
+    p.add_argument("--policy", default=None, help="a policy saved by `textgym train` (OUT/policy), played against its "
+                   "run's π_ref in its run's env (default: π_ref plays)")  # fmt: skip
+    p.add_argument("--ref-model", default=None, help="π_ref of a trained --policy if not its run's")
     p.add_argument("--episodes", type=int, default=5, help="episodes to play and print")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
     p.add_argument("--seed", type=_seed, default=0, help="seeds the prompts and the sampling")
@@ -442,8 +473,11 @@ def _add_train(sub: _Subparsers) -> None:
 
 def _add_eval(sub: _Subparsers) -> None:
     p = sub.add_parser("eval", help="RM score, gold score and KL to π_ref of a policy on the eval prompts")
-    _env_args(p, model_help="the policy to evaluate: a causal-LM folder, e.g. OUT/policy (default: π_ref alone)")
-    p.add_argument("--ref-model", default=None, help="π_ref if not the run's (or the embedded LM)")
+    _env_args(p, model_help="with --policy: π_ref, as --ref-model (default: the run's, or the embedded LM); alone: "
+              "the policy to evaluate, deprecated (use --policy)")  # fmt: skip
+    p.add_argument("--policy", default=None, help="the policy to evaluate: a causal-LM folder, e.g. OUT/policy "
+                   "(default: π_ref alone)")  # fmt: skip
+    p.add_argument("--ref-model", default=None, help="π_ref if not the run's (or the embedded LM; --model alike)")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
     p.add_argument("--episodes", type=int, default=128, help="episodes per policy (the eval prompts, in order)")
     p.add_argument("--num-envs", type=int, default=64, help="env slots sampled at once")
@@ -470,7 +504,10 @@ def _add_rm_train(sub: _Subparsers) -> None:
     p.add_argument("--out", required=True, help="folder to write the reward model to")
     p.add_argument("--backbone", default=None, help="causal-LM folder to start from (default: embedded LM)")
     p.add_argument("--epochs", type=int, default=3, help="passes over the pairs (early stop on held-out loss)")
-    p.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (linear warmup and decay)")
+    p.add_argument("--learning-rate", type=float, default=1e-4, help="peak learning rate (linear warmup and decay)")
+    p.add_argument(
+        "--lr", type=float, dest="learning_rate", action=_Renamed, new="--learning-rate", help=argparse.SUPPRESS
+    )  # the name before `textgym train`'s was taken for every command
     p.add_argument("--batch-size", type=int, default=32, help="pairs per step")
     p.add_argument("--no-calibrate", action="store_true", help="skip measuring mean/std under pi_ref")
     _calibration_args(p)
