@@ -21,7 +21,7 @@ import torch
 from textgym.envs import load_prompts
 from textgym.envs.settings import ENV_FIELDS
 from textgym.envs.text_rlhf import PARTNER_SEEDS
-from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
+from textgym.episodes import collect_episodes, episode_score, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
 from textgym.rewards import registered_names
@@ -294,7 +294,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     """Means and stds of the rows; the objective is what the env pays: score − missing-EOS penalty + the partner's
     rewards − β·KL."""
     for r in rows:  # eos_penalty is 0 or −penalty; turn_reward_sum is 0 without a partner
-        r["score"] = r["score_reward"] + r["turn_reward_sum"]  # a conversation's score: its partner's rewards too
+        r["score"] = episode_score(r)  # a conversation's score: its partner's rewards too
         r["objective"] = r["score"] + r["eos_penalty"] - beta * r["kl"]
 
     def stat(key: str) -> tuple[float, float]:
@@ -317,7 +317,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     result["seconds"] = seconds
     result["episodes"] = len(rows)
     result["samples"] = [
-        {"prompt": r["prompt"], "response": r["response"], "score": float(r["score_reward"]),
+        {"prompt": r["prompt"], "response": r["response"], "score": float(r["score"]),
          "gold_score": float(r["gold_score"]), "kl": float(r["kl"]),
          **({"transcript": r["transcript"], "turn_reward_sum": r["turn_reward_sum"]} if "transcript" in r else {})}
         for r in rows[:8]

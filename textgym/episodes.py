@@ -30,7 +30,7 @@ import torch
 from gymnasium.vector import AutoresetMode
 from tensordict import NonTensorStack, TensorDict
 
-__all__ = ["FINAL_INFO_KEYS", "collect_episodes", "make_episode_envs", "sequence_kl"]
+__all__ = ["FINAL_INFO_KEYS", "collect_episodes", "episode_score", "make_episode_envs", "paid_score", "sequence_kl"]
 
 # Per-episode results copied from the env's last-step info, with their dtypes.
 FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
@@ -256,3 +256,16 @@ class _Buffers:
         if self.transcript is not None:
             td["transcript"] = NonTensorStack.from_list(self.transcript[:b])
         return td
+
+
+def episode_score(episodes):
+    """What ``score`` means in the metrics, the evaluation and the samples: the end's score (the RM's, standardised
+    when the env normalises it) plus a partner's turn rewards (0 without one). Episodes from
+    :func:`collect_episodes`, or any mapping with those keys (a row of floats too)."""
+    return episodes["score_reward"] + episodes["turn_reward_sum"]
+
+
+def paid_score(episodes):
+    """The score the env pays an episode besides β·log π_ref: :func:`episode_score` minus the missing-EOS penalty
+    (``eos_penalty`` is 0 or −penalty). The return of an episode is ``paid_score − β·KL``."""
+    return episode_score(episodes) + episodes["eos_penalty"]

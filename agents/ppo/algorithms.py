@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from textgym.episodes import paid_score
+
 from .config import PPOConfig
 from .models import TokenValues, make_critic
 from .rollout import compute_advantages, explained_variance, group_advantages
@@ -84,8 +86,7 @@ class GroupBaseline:
         return Σ_t log(π_old/π_ref), weighted by ``kl_coef`` (β, or 0 for a loss-side KL).
         """
         cfg = self.cfg
-        # the episode's whole score: the end's, minus the missing-EOS penalty, plus a partner's turn rewards
-        scores = episodes["score_reward"] + episodes["eos_penalty"] + episodes["turn_reward_sum"]
+        scores = paid_score(episodes)  # the end's score minus the missing-EOS penalty, plus a partner's turn rewards
         scores = scores.to(log_ratio.device, torch.float32)  # (B,)
         advantage = group_advantages(scores, log_ratio.sum(1), cfg.group_size, cfg.algo, kl_coef,
                                      cfg.grpo_scale)  # (B,)  # fmt: skip

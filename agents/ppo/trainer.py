@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from textgym.episodes import sequence_kl
+from textgym.episodes import episode_score, sequence_kl
 from textgym.functional import kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler
@@ -342,7 +342,7 @@ class Trainer:
         ep = self.last_episodes
         k = min(self.cfg.num_samples, ep.batch_size[0])
         kl = sequence_kl(ep)  # (B,)
-        score = ep["score_reward"] + ep["turn_reward_sum"]
+        score = episode_score(ep)
         rows = [{"iteration": self.iteration_done, "prompt": ep["prompt"][i], "response": ep["response"][i],
                  "rm_score": float(ep["rm_score"][i]), "score": float(score[i]),
                  "gold_score": float(ep["gold_score"][i]), "kl": float(kl[i])} for i in range(k)]  # fmt: skip
@@ -451,7 +451,7 @@ def _episode_means(episodes, mask: torch.Tensor) -> dict[str, float]:
     length."""
     return {
         "rm_score": float(episodes["rm_score"].mean()),
-        "score": float((episodes["score_reward"] + episodes["turn_reward_sum"]).mean()),
+        "score": float(episode_score(episodes).mean()),
         "gold_score": float(np.nanmean(episodes["gold_score"].numpy())),
         "response_length": float(mask.float().sum(1).mean()),
     }
