@@ -181,7 +181,7 @@ def test_a_non_finite_loss_refuses_the_update_naming_the_quantity(trainer):
     before = [p.detach().clone() for p in trainer.policy.parameters()]
     trainer.loss = nan_loss
     try:
-        with pytest.raises(NonFiniteError, match=r"iteration 1: the policy loss is nan.*update refused"):
+        with pytest.raises(NonFiniteError, match=r"iteration 1: the policy_loss is nan.*update refused"):
             trainer.iteration()
     finally:
         trainer.loss = real_loss

@@ -52,6 +52,10 @@ from .sources import make_rollouts
 __all__ = ["Trainer"]
 
 
+# TorchRL's loss keys and the one name each term goes by here: metrics, errors, logs
+LOSS_TERMS = {"loss_objective": "policy_loss", "loss_critic": "value_loss", "loss_kl": "kl_loss"}
+
+
 @dataclass
 class Trainer:
     """Everything a run holds; built by :meth:`Trainer.create`, stepped by :meth:`iteration`."""
@@ -299,18 +303,13 @@ class Trainer:
         if self.critic is not None:
             grad_norms["critic gradient norm"] = clip(self.critic.parameters(), cfg.max_grad_norm)
         # checked after the all-reduce (every rank refuses alike), before the step: the weights stay as they were
-        losses = {name: out[key] for name, key in (("policy loss", "loss_objective"), ("value loss", "loss_critic"),
-                                                   ("KL loss", "loss_kl")) if key in out.keys()}  # fmt: skip
+        losses = {name: out[key] for key, name in LOSS_TERMS.items() if key in out.keys()}
         check_finite({**losses, **grad_norms}, self.iteration_done + 1, "the update")
         self.optimizer.step()
         # ClipPPOLoss's own entropy/kl_approx/clip_fraction average over padding too
         logp, entropy, _ = self._last_logprobs[-1]
         diag = ppo_diagnostics(logp, entropy, mb["sample_log_prob"], mb["mask"], cfg.clip_epsilon)
-        diag["policy_loss"] = out["loss_objective"].item()
-        if "loss_critic" in out.keys():
-            diag["value_loss"] = out["loss_critic"].item()
-        if "loss_kl" in out:
-            diag["kl_loss"] = out["loss_kl"].item()
+        diag |= {name: loss.item() for name, loss in losses.items()}
         return distributed.mean_over_ranks(diag, weight)
 
     def _rank_share(self, mb):
