@@ -16,8 +16,8 @@ from textgym.episodes import collect_episodes, make_episode_envs
 from textgym.functional import masked_mean
 from textgym.policies import LMSampler
 
+from .ppo.advantages import per_token_rewards, sequence_batch
 from .ppo.models import TokenLogProbs, TokenValues, make_actor, make_critic
-from .ppo.rollout import per_token_rewards, sequence_batch
 
 __all__ = ["Reinforce", "reinforce_loss"]
 

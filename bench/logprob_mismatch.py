@@ -27,8 +27,8 @@ SETTINGS = {  # model name: PPOConfig fields (the embedded model at the demo's s
 def measure(model: str, precision: str, threads: int) -> dict[str, float]:
     """One rollout and its teacher-forced π_old under ``precision``; the mismatch statistics of the trainer."""
     from textgym.agents.ppo import PPOConfig, Trainer
+    from textgym.agents.ppo.advantages import sampler_mismatch, sequence_batch, trim_columns
     from textgym.agents.ppo.config import PRESETS
-    from textgym.agents.ppo.rollout import sampler_mismatch, sequence_batch, trim_columns
 
     s = SETTINGS[model]
     cfg = PPOConfig(**{**PRESETS[s["config"]], "num_envs": s["num_envs"], "max_new_tokens": s["max_new_tokens"],

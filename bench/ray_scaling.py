@@ -36,7 +36,8 @@ import ray  # noqa: E402
 import torch  # noqa: E402
 
 from textgym.agents.ppo.config import PRESETS, PPOConfig  # noqa: E402
-from textgym.agents.ppo.models import make_actor, make_envs  # noqa: E402
+from textgym.agents.ppo.envs import make_envs  # noqa: E402
+from textgym.agents.ppo.models import make_actor  # noqa: E402
 from textgym.agents.ppo.ray_rollout import RolloutPool, pack_weights  # noqa: E402
 from textgym.episodes import collect_episodes  # noqa: E402
 from textgym.models import native_bf16  # noqa: E402

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from textgym.agents.ppo import PPOConfig, Trainer, algorithms, sources, train
+from textgym.agents.ppo.advantages import group_advantages
 from textgym.agents.ppo.config import PRESETS
-from textgym.agents.ppo.rollout import group_advantages
 
 
 def grpo(scores, kl, g, **kw):

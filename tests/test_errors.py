@@ -481,7 +481,7 @@ def test_vector_reward_model_error_leaves_the_step_retryable():
 
 def test_folder_write_is_atomic(tmp_path):
     """A write that fails half-way leaves the previous folder as it was and no temporary folder behind."""
-    from textgym.utils import save_folder_atomically
+    from textgym.files import save_folder_atomically
 
     out = tmp_path / "ckpt"
     save_folder_atomically(out, lambda d: (d / "a.txt").write_text("v1"))
@@ -503,7 +503,7 @@ def test_saved_folder_follows_the_umask(tmp_path):
     """mkdtemp makes 0700 folders; a saved model folder gets the permissions a plain mkdir would."""
     import os
 
-    from textgym.utils import save_folder_atomically
+    from textgym.files import save_folder_atomically
 
     old = os.umask(0o022)
     try:

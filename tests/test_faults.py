@@ -276,7 +276,7 @@ def test_eval_prints_what_it_took_from_the_run_info(done_run, capsys):
 
 # ---------------------------------------------------------------- 4. the lock follows no link
 def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
-    from textgym.utils import lock_folder
+    from textgym.files import lock_folder
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -289,7 +289,7 @@ def test_a_lock_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path):
 
 
 def test_a_lock_that_is_a_directory_is_refused_with_a_clear_message(tmp_path):
-    from textgym.utils import lock_folder
+    from textgym.files import lock_folder
 
     (tmp_path / "out" / ".lock").mkdir(parents=True)
     with pytest.raises(ValueError, match=r"out='.*out': its lock .*\.lock is a directory"):
@@ -299,7 +299,7 @@ def test_a_lock_that_is_a_directory_is_refused_with_a_clear_message(tmp_path):
 
 def test_a_lock_that_is_a_hard_link_is_refused_and_the_other_file_untouched(tmp_path):
     """Issue 37.4: O_NOFOLLOW stops a symlink, not a hard link: the trainer's pid was written into the other file."""
-    from textgym.utils import lock_folder
+    from textgym.files import lock_folder
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -313,7 +313,7 @@ def test_a_lock_that_is_a_hard_link_is_refused_and_the_other_file_untouched(tmp_
 
 def test_a_lock_that_is_a_fifo_is_refused_with_a_clear_message(tmp_path):
     """Issue 37.4: a FIFO at the lock's name gave a bare '[Errno 22] Invalid argument'."""
-    from textgym.utils import lock_folder
+    from textgym.files import lock_folder
 
     (tmp_path / "out").mkdir()
     os.mkfifo(tmp_path / "out" / ".lock")
@@ -496,7 +496,7 @@ def test_reward_timeout_is_a_train_flag(tmp_path):
 def test_a_full_disk_during_a_save_says_so_and_names_the_folder(trainer, tmp_path, monkeypatch):
     import errno
 
-    import textgym.utils as utils
+    import textgym.files as utils
 
     def full(*args, **kwargs):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 5376 vs 5264")
@@ -517,7 +517,7 @@ def test_a_full_disk_inside_safetensors_names_the_disk_and_the_folder(trainer, t
     import transformers.modeling_utils
     from safetensors import SafetensorError
 
-    import textgym.utils as utils
+    import textgym.files as utils
 
     def full(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"half a file")
@@ -540,7 +540,7 @@ def test_a_full_disk_inside_safetensors_names_the_disk_and_the_folder(trainer, t
 def test_a_full_disk_during_an_atomic_file_write_leaves_no_temp_file(tmp_path, monkeypatch):
     import errno
 
-    from textgym.utils import write_text_atomically
+    from textgym.files import write_text_atomically
 
     (tmp_path / "config.json").write_text("old\n")
 

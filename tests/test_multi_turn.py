@@ -318,7 +318,7 @@ def test_gae_skips_the_partners_columns_as_if_they_were_not_there():
     """GAE over a row with holes equals GAE over the same policy tokens packed together (an exact case)."""
     from tensordict import TensorDict
 
-    from textgym.agents.ppo.rollout import compute_advantages
+    from textgym.agents.ppo.advantages import compute_advantages
 
     torch.manual_seed(0)
     B, T = 2, 9

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from textgym.agents.ppo import PPOConfig, Trainer, train
+from textgym.agents.ppo.advantages import compute_advantages, per_token_rewards, sequence_batch
 from textgym.agents.ppo.config import PRESETS
 from textgym.agents.ppo.kl import AdaptiveKLController
 from textgym.agents.ppo.models import TokenLogProbs, TokenValues, ppo_diagnostics
-from textgym.agents.ppo.rollout import compute_advantages, per_token_rewards, sequence_batch
 from textgym.episodes import collect_episodes
 
 

@@ -41,7 +41,7 @@ def test_resume_after_a_crash_between_the_two_renames_continues(run):
 
 
 def test_a_save_killed_between_its_renames_is_finished_on_the_next_start(tmp_path, monkeypatch):
-    from textgym.utils import recover_folder, save_folder_atomically
+    from textgym.files import recover_folder, save_folder_atomically
 
     out = tmp_path / "ckpt"
     save_folder_atomically(out, lambda d: (d / "v.txt").write_text("1"))
@@ -142,7 +142,7 @@ def test_any_other_bad_metrics_line_names_the_file_and_the_line(run):
 
 # ---------------------------------------------------------------- 5. the lock, no silent overwrite
 def test_a_second_trainer_on_the_same_folder_fails_at_once_naming_the_holder(run):
-    from textgym.utils import FolderInUseError, lock_folder
+    from textgym.files import FolderInUseError, lock_folder
 
     with lock_folder(run):
         with pytest.raises(FolderInUseError, match=rf"out='.*run' is in use by another process \(pid {os.getpid()},"):
@@ -177,7 +177,7 @@ def test_overwrite_replaces_the_run(run):
 def test_saved_weights_follow_the_umask(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from textgym.utils import save_folder_atomically
+    from textgym.files import save_folder_atomically
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))  # fmt: skip
@@ -205,7 +205,7 @@ def test_the_hf_folders_share_the_checkpoints_weight_files(done_run):
 
 
 def test_link_files_copies_where_a_link_is_refused(tmp_path, monkeypatch):
-    from textgym.utils import link_files
+    from textgym.files import link_files
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -218,3 +218,23 @@ def test_link_files_copies_where_a_link_is_refused(tmp_path, monkeypatch):
     link_files(tmp_path / "a", tmp_path / "b")
     copy = tmp_path / "b" / "w.bin"
     assert copy.read_bytes() == b"123" and copy.stat().st_ino != (tmp_path / "a" / "w.bin").stat().st_ino
+
+
+def test_a_run_folder_saved_before_the_env_settings_dataclass_evaluates_and_resumes(run, capsys):
+    """Issue 43.3: ``config.json`` and ``policy/textgym_run.json`` as the code before issue 43 wrote them
+    (``tests/data/run_before_issue_43``, from ``textgym train --config tiny`` at e3a0687: no ``partner_timeout``, a
+    run info without ``max_prompt_tokens``) still evaluate and resume. The weights are this module's run's: the old
+    files name the same settings; only the folder, the thread count and the checkpoint interval are the run's own."""
+    from textgym.cli import main
+
+    stored = Path(__file__).parent / "data" / "run_before_issue_43"
+    old, now = (json.loads(p.read_text()) for p in (stored / "config.json", run / "config.json"))
+    assert "partner_timeout" not in old and "partner_timeout" in now
+    (run / "config.json").write_text(json.dumps(old | {k: now[k] for k in ("out", "threads", "checkpoint_every")}))
+    shutil.copy(stored / "policy" / "textgym_run.json", run / "policy" / "textgym_run.json")
+    main(["eval", "--policy", str(run / "policy"), "--episodes", "2", "--num-envs", "2", "--no-progress"])
+    out = capsys.readouterr()
+    assert "policy:" in out.out and "kl_coef=0.049992" in out.err  # the stored run info's β was read
+    train(tiny(run, resume=True, total_episodes=24))
+    assert [r["iteration"] for r in rows(run)] == [1, 2, 3]
+    assert "partner_timeout" in json.loads((run / "config.json").read_text())  # rewritten in today's format

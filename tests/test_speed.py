@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from textgym.agents.ppo import PPOConfig, Trainer
+from textgym.agents.ppo.advantages import sequence_batch, trim_columns
 from textgym.agents.ppo.config import PRESETS
-from textgym.agents.ppo.rollout import sequence_batch, trim_columns
 from textgym.functional import position_ids_from_mask
 from textgym.models import FP32_ATTENTION, load_causal_lm, native_bf16, use_fp32_attention
 

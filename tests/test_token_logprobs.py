@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from textgym.agents.ppo.advantages import sequence_batch
 from textgym.agents.ppo.models import TokenLogProbs
-from textgym.agents.ppo.rollout import sequence_batch
 from textgym.functional import pack_mask, position_ids_from_mask
 from textgym.models import load_causal_lm
 from textgym.token_logprobs import (

@@ -176,7 +176,7 @@ def test_threads_flag_and_the_default_from_the_cores_not_their_load(monkeypatch,
 
 
 def test_truncated_importance_weights_by_hand():
-    from textgym.agents.ppo.rollout import sampler_mismatch
+    from textgym.agents.ppo.advantages import sampler_mismatch
 
     old = torch.tensor([[0.0, math.log(3.0), 5.0]])  # log π_old
     sampled = torch.tensor([[math.log(2.0), 0.0, 0.0]])  # log π_sampler: ratios 1/2 and 3, then padding

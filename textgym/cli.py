@@ -15,8 +15,8 @@ import warnings
 from pathlib import Path
 
 from textgym.errors import RewardModelError
+from textgym.files import FolderInUseError
 from textgym.threads import use_threads
-from textgym.utils import FolderInUseError
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -299,8 +299,8 @@ def cmd_export(args: argparse.Namespace) -> None:
     import shutil
 
     from textgym.agents.evaluate import RUN_INFO
+    from textgym.files import save_folder_atomically
     from textgym.models import load_causal_lm, load_tokenizer
-    from textgym.utils import save_folder_atomically
 
     src, out = Path(args.policy), Path(args.out)
     if out.exists() and not args.overwrite:

@@ -77,7 +77,7 @@ def smollm2_folder() -> Path:
     once: each waits for the cache's lock and looks again, since "one writer per folder" is what
     keeps the atomic swap safe.
     """
-    from textgym.utils import lock_folder, save_folder_atomically
+    from textgym.files import lock_folder, save_folder_atomically
 
     folder = cache_dir() / "smollm2-135m-instruct"
     if not (folder / "model.safetensors").is_file():

@@ -18,9 +18,9 @@ import torch
 
 from textgym.episodes import paid_score
 
+from .advantages import compute_advantages, explained_variance, group_advantages
 from .config import PPOConfig
 from .models import TokenValues, make_critic
-from .rollout import compute_advantages, explained_variance, group_advantages
 
 __all__ = ["CriticGAE", "GroupBaseline", "make_estimator"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from textgym.utils import link_files
+from textgym.files import link_files
 
 from ..evaluate import RUN_INFO
 

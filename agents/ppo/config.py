@@ -59,7 +59,7 @@ class PPOConfig(EnvSettings):
             episode's score minus its group's mean, over the group's score std, plus its k1 KL return
             centred in the group with β unscaled; Shao et al., 2024) or ``rloo`` (no critic: the
             return minus the mean of the other G − 1 returns of its group, an unbiased baseline;
-            Ahmadian et al., 2024). See ``textgym.agents.ppo.rollout.group_advantages``.
+            Ahmadian et al., 2024). See ``textgym.agents.ppo.advantages.group_advantages``.
         group_size: G, episodes per prompt for ``grpo``/``rloo`` (``num_envs`` holds
             ``num_envs / G`` groups).
         grpo_scale: ``std`` divides GRPO's centred scores by the group's own score std (GRPO's

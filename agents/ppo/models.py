@@ -23,7 +23,6 @@ from torch.distributions import Distribution
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 
-from textgym.episodes import make_episode_envs
 from textgym.functional import masked_mean, position_ids_from_mask
 from textgym.models import quiet_peft, use_fp32_attention
 from textgym.token_logprobs import cut_prompt_block, policy_logprobs
@@ -38,7 +37,6 @@ __all__ = [
     "TokenValues",
     "make_actor",
     "make_critic",
-    "make_envs",
     "make_lora_actor",
     "make_loss",
     "make_policy",
@@ -146,11 +144,6 @@ def set_update_mode(model: nn.Module | None, checkpointing: bool) -> None:
         model.train(False)  # enabling may switch the model to training mode
     for layer in layers:
         layer.training = True
-
-
-def make_envs(cfg: PPOConfig, num_envs: int, device: torch.device, env_overrides: dict | None = None):
-    """The episode env of ``cfg`` with ``num_envs`` slots (the learner's, or a rollout worker's share)."""
-    return make_episode_envs(cfg.env_id, num_envs, device=device, **{**cfg.env_kwargs(), **(env_overrides or {})})
 
 
 def make_policy(cfg: PPOConfig, base) -> nn.Module:

@@ -36,7 +36,8 @@ from tensordict import TensorDict
 
 from .checkpoint import expected_weights, fill_tied, load_weights
 from .config import PPOConfig
-from .models import make_envs, make_policy
+from .envs import make_envs
+from .models import make_policy
 
 __all__ = ["AsyncRayRollouts", "RayRollouts", "Rollout", "RolloutPool", "RolloutWorker", "episodes_from_state",
            "episodes_to_state", "pack_weights", "slot_shares", "unpack_weights", "worker_seed"]  # fmt: skip

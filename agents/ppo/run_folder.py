@@ -17,13 +17,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from textgym.utils import (
+from textgym.errors import short_repr
+from textgym.files import (
     check_own_file,
     check_writable_folder,
     lock_folder,
     open_own_file,
     recover_folder,
-    short_repr,
     write_text_atomically,
 )
 
@@ -211,7 +211,7 @@ def append_metrics(out: Path, row: dict[str, Any]) -> None:
 
 
 def _append(path: Path):
-    """``path`` opened to append, refused if it is a link to another file (:func:`textgym.utils.open_own_file`)."""
+    """``path`` opened to append, refused if it is a link to another file (:func:`textgym.files.open_own_file`)."""
     return os.fdopen(open_own_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "out"), "a", encoding="utf-8")
 
 

@@ -24,29 +24,29 @@ import numpy as np
 import torch
 
 from textgym.episodes import episode_score, sequence_kl
+from textgym.files import save_folder_atomically
 from textgym.functional import kl_penalty, masked_mean
 from textgym.models import native_bf16, resolve_device
 from textgym.policies import LMSampler
 from textgym.threads import use_threads
-from textgym.utils import save_folder_atomically
 
 from . import checkpoint, distributed
+from .advantages import per_token_rewards, sampler_mismatch, sequence_batch, trim_columns
 from .algorithms import make_estimator
 from .calibration import run_norm
 from .config import PPOConfig
+from .envs import make_envs
 from .guards import check_finite, check_finite_weights, check_memory
 from .kl import make_kl_controller
 from .merged_policy import MergedPolicy, merges_lora
 from .models import (
     TokenLogProbs,
-    make_envs,
     make_loss,
     make_policy,
     ppo_diagnostics,
     set_update_mode,
     trainable,
 )
-from .rollout import per_token_rewards, sampler_mismatch, sequence_batch, trim_columns
 from .sources import make_rollouts
 
 __all__ = ["Trainer"]
@@ -376,7 +376,7 @@ class Trainer:
     def save(self, out: Path) -> None:
         """``out/checkpoint`` (everything to resume) and plain HF folders ``out/policy``, ``out/value`` (PPO only).
 
-        Each folder is swapped in atomically (see :func:`textgym.utils.save_folder_atomically`).
+        Each folder is swapped in atomically (see :func:`textgym.files.save_folder_atomically`).
         The HF folders hard-link the checkpoint's weight files: the weights are stored once.
         """
         check_finite_weights(self.trained(), self.iteration_done)  # a NaN weight never replaces a good checkpoint

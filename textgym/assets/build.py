@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from textgym.files import save_folder_atomically
 from textgym.rewards.base import save_norm
 from textgym.rewards.builtin import VaderScorer
 from textgym.rewards.calibrate import sample_episodes
 from textgym.rewards.training import PreferencePair, train_reward_model
-from textgym.utils import save_folder_atomically
 
 HERE = Path(__file__).parent
 DATA = HERE / "data"

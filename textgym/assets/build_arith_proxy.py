@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from textgym.utils import save_folder_atomically
+from textgym.files import save_folder_atomically
 
 HERE = Path(__file__).parent
 ENV_ID = "TextArithmetic-v0"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from textgym.utils import save_folder_atomically
+from textgym.files import save_folder_atomically
 
 HERE = Path(__file__).parent
 CHARS = list("0123456789+=")

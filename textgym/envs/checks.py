@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from textgym.utils import short_repr
+from textgym.errors import short_repr
 
 if TYPE_CHECKING:
     from textgym.rewards.base import RewardNorm

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from textgym.envs.checks import check_chat_template, check_vocabulary, resolve_stop_ids
+from textgym.errors import short_repr
 from textgym.models import load_tokenizer, pad_id_for
-from textgym.utils import short_repr
 
 __all__ = ["Encoding", "opening_margin"]
 

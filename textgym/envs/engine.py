@@ -42,11 +42,11 @@ from textgym.envs.prompts import load_prompts
 from textgym.envs.reference import REFERENCE_SCORING, Prefill, Reference, check_reference_scoring, own_dtypes
 from textgym.envs.reward import load_scorers, reward
 from textgym.envs.turns import Conversation, ReplyTemplate
+from textgym.errors import short_repr
 from textgym.memory import exceeded, kv_cache_bytes, kv_width
 from textgym.models import load_causal_lm, resolve_device
 from textgym.rewards import Episodes
 from textgym.threads import apply_default_threads
-from textgym.utils import short_repr
 
 __all__ = ["DEFAULT_KL_COEF", "REFERENCE_SCORING", "Engine", "check_reference_scoring", "opening_margin"]
 

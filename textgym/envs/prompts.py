@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from textgym.asset_paths import DEFAULT_PROMPTS, PROMPT_SETS
-from textgym.utils import short_repr
+from textgym.errors import short_repr
 
 __all__ = ["load_prompts"]
 

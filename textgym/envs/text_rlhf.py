@@ -22,7 +22,7 @@ from gymnasium.vector.utils import batch_space
 from textgym.envs.checks import check_int, check_kl_coef, resolve_stop_ids
 from textgym.envs.engine import DEFAULT_KL_COEF, Engine
 from textgym.envs.prompts import load_prompts
-from textgym.utils import short_repr
+from textgym.errors import short_repr
 
 # DEFAULT_KL_COEF, check_kl_coef, load_prompts and resolve_stop_ids live in the engine, checks and prompts
 # modules; they stay importable from here, where they were public before.

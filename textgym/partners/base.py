@@ -35,12 +35,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from textgym.errors import short_repr
 from textgym.imports import import_module_named
 from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
 from textgym.rewards.base import FLOAT32_MAX
 from textgym.timeouts import CallAbandoned, call_within
-from textgym.utils import short_repr
 
 ENTRY_POINT_GROUP = "textgym.partners"
 TEXTARENA_PREFIX = "textarena:"

@@ -18,9 +18,8 @@ import numpy as np
 import torch
 
 from textgym.asset_paths import ASSETS
-from textgym.errors import RewardModelError
+from textgym.errors import RewardModelError, short_repr
 from textgym.timeouts import CallAbandoned, call_within
-from textgym.utils import short_repr
 
 NORM_FILE = "textgym_reward.json"
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest score the float32 rollout buffers hold

@@ -32,8 +32,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from textgym.errors import short_repr
 from textgym.rewards.base import Episodes, RewardModelError, RewardNorm
-from textgym.utils import short_repr
 
 API_KEY_ENV = "TEXTGYM_RM_API_KEY"
 OPENRLHF_PATH = "/get_reward"

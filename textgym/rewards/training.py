@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from transformers import get_linear_schedule_with_warmup
 
+from textgym.files import save_folder_atomically
 from textgym.functional import position_ids_from_mask
 from textgym.models import left_pad
-from textgym.utils import save_folder_atomically
 
 __all__ = ["PreferencePair", "RMTrainResult", "encode_episode", "load_pairs", "train_reward_model"]
 

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from textgym.errors import short_repr
 from textgym.rewards.base import Episodes, score_checked
 from textgym.rewards.registry import make_reward_model
-from textgym.utils import short_repr
 
 __all__ = ["WeightedSumReward"]
 

@@ -1,4 +1,4 @@
-"""Small file-system helpers: atomic folder and file writes, their crash recovery, a folder lock; short reprs."""
+"""File-system helpers: atomic folder and file writes, their crash recovery, a folder lock, own-file checks."""
 
 from __future__ import annotations
 
@@ -21,23 +21,12 @@ __all__ = [
     "recover_folder",
     "link_files",
     "save_folder_atomically",
-    "short_repr",
     "write_text_atomically",
 ]
 
 
 class FolderInUseError(RuntimeError):
     """Another process holds the lock of a folder (see :func:`lock_folder`)."""
-
-
-def short_repr(value: object, limit: int = 80) -> str:
-    """``repr(value)`` cut to about ``limit`` characters: an error message never echoes a 10k-character prompt."""
-    text = repr(value)
-    if len(text) <= limit:
-        return text
-    if isinstance(value, str):
-        return f"{value[:limit]!r}... ({len(value)} characters)"
-    return f"{text[:limit]}... ({type(value).__name__}, {len(text)} characters as repr)"
 
 
 # ---------------------------------------------------------------- atomic folders
