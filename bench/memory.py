@@ -40,7 +40,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from textgym.threads import BENCH_THREADS_HELP, default_threads  # noqa: E402
+from textgym.threads import BENCH_THREADS_HELP, cpu_name, default_threads  # noqa: E402
 
 QWEN_SHAPE = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
               "num_key_value_heads": 2, "vocab_size": 151_936, "max_position_embeddings": 4096,
@@ -260,16 +260,6 @@ def print_slopes(device: str) -> None:
             print(f"  {name:<16} {vocab:>7} {what:<24} {per_ctx / 1024:15.1f} KiB {per_pol / 1024:14.1f} KiB",
                   flush=True)  # fmt: skip
         del model
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

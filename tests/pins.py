@@ -10,7 +10,6 @@ what else the test worker has run or on how many cores it has.
 from __future__ import annotations
 
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -19,14 +18,10 @@ TIMING = ("tokens_per_s", "time_")  # metrics that measure the machine, not the 
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``): floats are compared exactly only on the CPU that stored them."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    """The CPU the values are made on: floats are compared exactly only on the CPU that stored them."""
+    from textgym.threads import cpu_name
+
+    return cpu_name()
 
 
 def _plain(value):

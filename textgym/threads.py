@@ -27,6 +27,7 @@ import os
 import sys
 
 __all__ = [
+    "cpu_name",
     "BENCH_THREADS_HELP",
     "WAIT_POLICY",
     "apply_default_threads",
@@ -60,6 +61,21 @@ def wait_policy_set() -> bool:
     """Whether torch runs with a chosen wait policy (textgym's passive wait or the user's): then every core is the
     default."""
     return _WAIT_POLICY["set"]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere): named beside every timing, and
+    the floats of a run depend on it (its kernels sum in their own order)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
 
 
 def machine_threads() -> int:
