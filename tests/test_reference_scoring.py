@@ -75,6 +75,20 @@ def test_the_collector_scores_pi_ref_at_the_end_with_stops_and_the_cap_as_steppi
     torch.testing.assert_close(ret, expected, atol=1e-5, rtol=0)
 
 
+def test_more_episodes_ending_at_once_than_one_teacher_forced_group_are_each_scored_as_stepping_does():
+    """π_ref scores the finished episodes in groups of 64 rows: with 70 ending on one step, the engine's redesign
+    indexed the second group's log-probs by the row's place in the batch (IndexError); each row has its own now."""
+    envs = make_episode_envs("TextRLHF-v0", 70, max_new_tokens=3)
+    base = envs.unwrapped
+
+    def policy():  # every slot runs to the cap: all 70 episodes end on the same step
+        return LMSampler.for_env(base.model, envs, generator=torch.Generator().manual_seed(1))
+
+    a, b = both_ways(envs, policy)
+    assert a["length_capped"].all() and len(set(a["prompt"])) > 1
+    assert_same_episodes(a, b)
+
+
 def test_the_collector_runs_no_cached_pi_ref_forward_by_default():
     envs = make_episode_envs("TextRLHF-v0", 3, max_new_tokens=5)
     base = envs.unwrapped

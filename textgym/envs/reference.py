@@ -151,8 +151,8 @@ class Reference:
             with self.decoder.context():
                 logp, _ = policy_logprobs(self.model, ids, mask, P, select, vocab_size=self.vocab_size)  # (k, width)
             logp = logp.double().cpu().numpy()  # one copy to the host for the group
-            for row in chunk:
-                out[int(rows.slots[row])] = logp[row, : rows.length[row]]
+            for k, row in enumerate(chunk):  # k: the row's place in this group's forward
+                out[int(rows.slots[row])] = logp[k, : rows.length[row]]
         return out
 
     def top_p_masks(self, p: float | None, layout: Layout) -> np.ndarray:
