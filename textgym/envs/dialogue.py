@@ -25,7 +25,7 @@ class Answers:
     rewards: np.ndarray  # (k,) float64: each turn's reward, paid on its last token
     replies: dict[int, list[int]]  # {slot: the reply's token ids}, written after the turn
     infos: dict[int, dict[str, Any]]  # {slot: the step's turn infos}
-    records: list = dataclasses.field(default_factory=list)  # what :meth:`Dialogue.commit` writes
+    records: dict = dataclasses.field(default_factory=dict)  # {slot: what :meth:`Dialogue.commit` writes}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -177,7 +177,7 @@ class Conversation:
         replies = {int(s): i for s, i in zip(slots, ids, strict=True) if i is not None}
         infos = {int(s): {"turn_reward": np.float64(a[1]), "reply": self._shown_reply(a[0])}
                  for s, a in zip(slots, answers, strict=True)}  # fmt: skip
-        records = [(int(s), texts[k], answers[k], int(length[k]) - 1, ids[k]) for k, s in enumerate(slots)]
+        records = {int(s): (texts[k], answers[k], int(length[k]) - 1, ids[k]) for k, s in enumerate(slots)}
         over = np.array([i is None for i in ids], dtype=bool)
         return Answers(slots, over, np.array([a[1] for a in answers], dtype=np.float64), replies, infos, records)
 
@@ -194,7 +194,7 @@ class Conversation:
 
     def commit(self, answers: Answers) -> None:
         """Record each ended turn (its last token at response column ``last``) and the reply written after it."""
-        for slot, turn_text, (text, reward, _), last, reply_ids in answers.records:
+        for slot, (turn_text, (text, reward, _), last, reply_ids) in answers.records.items():
             self.turn_reward[slot, last] = reward
             self.turns[slot] += 1
             self.messages[slot].append({"role": "assistant", "content": turn_text})
@@ -207,10 +207,10 @@ class Conversation:
         and messages, with the turn that ended on this step counted."""
         turn_reward, turns = self.turn_reward[slot].copy(), int(self.turns[slot])
         messages = list(self.messages[slot])
-        for s, text, (_, reward, _), last, _ in answers.records:
-            if s == slot:
-                turn_reward[last], turns = reward, turns + 1
-                messages.append({"role": "assistant", "content": text})
+        if slot in answers.records:  # its turn ended on this step
+            text, (_, reward, _), last, _ = answers.records[slot]
+            turn_reward[last], turns = reward, turns + 1
+            messages.append({"role": "assistant", "content": text})
         if capped:  # cut mid-turn by the conversation's cap: the partial turn is the last message
             messages.append({"role": "assistant", "content": turn_text})
         total = turn_reward.sum()
