@@ -403,7 +403,7 @@ def run_benchmark(cfg: BenchConfig) -> list[dict]:
             row = {"algo": algo, "seed": seed, "env_steps": ctx.env_steps, "train_s": round(train_s, 2),
                    "env_steps_per_s": round(ctx.env_steps / train_s, 1) if ctx.env_steps else 0.0,
                    **{k: round(v[0], 4) for k, v in result.items() if isinstance(v, tuple)},
-                   **({"success": round(result["success"], 4)} if "success" in result else {}),  # a game's wins
+                   **({"win_rate": round(result["win_rate"], 4)} if "win_rate" in result else {}),  # a game's wins
                    "distinct_1": round(result["distinct_1"], 4), "distinct_2": round(result["distinct_2"], 4),
                    **{k: round(v, 4) for k, v in frontier.items()}}  # fmt: skip
             rows.append(row)

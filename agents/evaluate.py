@@ -306,10 +306,12 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     result: dict[str, Any] = {key: stat(src) for key, src in names.items()}
     if conversation:
         result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
-        # a game's win (TextArena's single-player games pay 1 for it, less for a loss): a game's success rate
+        # a game's win: the partner's rewards reach 1 (TextArena's single-player games pay 1 for a win, less for a
+        # loss); the rate with its Wilson interval, a list (the tuples are (mean, std))
         wins = int(sum(r["turn_reward_sum"] >= 1.0 for r in rows))
-        result["success"] = wins / len(rows)
-        result["success_ci95"] = list(wilson_interval(wins, len(rows)))  # a list: the tuples are (mean, std)
+        result["win_rate"], result["win_rate_ci95"] = wins / len(rows), list(wilson_interval(wins, len(rows)))
+        # deprecated aliases (the names before issue 43), removed in the next version: read win_rate
+        result["success"], result["success_ci95"] = result["win_rate"], result["win_rate_ci95"]
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
@@ -326,7 +328,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The Wilson score interval of a success rate (95 % at z = 1.96): right at 0 and 1 wins, where the normal
+    """The Wilson score interval of a win rate (95 % at z = 1.96): right at 0 and 1 wins, where the normal
     approximation's interval collapses to a point."""
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
@@ -336,7 +338,7 @@ def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, flo
 
 def format_eval(name: str, result: dict) -> str:
     parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple)]
-    if "success" in result:  # a game's wins, with their 95 % interval
-        parts += ["success {:.3f} [{:.3f}, {:.3f}]".format(result["success"], *result["success_ci95"])]
+    if "win_rate" in result:  # a game's wins, with their 95 % interval
+        parts += ["win_rate {:.3f} [{:.3f}, {:.3f}]".format(result["win_rate"], *result["win_rate_ci95"])]
     parts += [f"distinct-2 {result['distinct_2']:.3f}"]
     return f"{name}: " + ", ".join(parts)

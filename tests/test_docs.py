@@ -316,6 +316,6 @@ def test_the_guess_results_table_holds_the_numbers_of_its_eval_files():
     runs = ROOT / "docs" / "multi-turn-runs"
     evals = {a: json.loads((runs / f"smollm2-guess-{a}-s0" / "eval.json").read_text()) for a in ("grpo", "ppo")}
     gains = [f"+{100 * (e['policy']['success'] - e['pi_ref']['success']):.1f} points" for e in evals.values()]
-    assert f"| success over π_ref | | {gains[0]} | {gains[1]} |" in page
+    assert f"| win rate over π_ref | | {gains[0]} | {gains[1]} |" in page  # files from before the rename: 'success'
     kls = [f"{e['policy']['kl'][0]:.2f} ± {e['policy']['kl'][1]:.2f}" for e in evals.values()]
     assert f"| KL to π_ref (nats per game) | 0 | {kls[0]} | {kls[1]} |" in page

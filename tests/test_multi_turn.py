@@ -423,8 +423,10 @@ def test_evaluate_plays_held_out_partner_seeds_the_same_for_every_policy_and_rep
     evaluate(None, episodes=6, num_envs=3, seed=99, **kwargs)
     held_out = [s for s in seen if s >= 2**30]
     assert sorted(held_out) == [2**30 + i for i in range(6)] and sorted(Counter.seeds[-6:]) == sorted(held_out)
-    assert a["success"] == 0.5 and a["turns"][0] == 2.0 and a["turn_reward_sum"][0] == pytest.approx(0.625)
-    assert a["success_ci95"] == list(wilson_interval(3, 6)) and "success 0.500 [" in format_eval("pi_ref", a)
+    assert a["win_rate"] == 0.5 and a["turns"][0] == 2.0 and a["turn_reward_sum"][0] == pytest.approx(0.625)
+    assert a["win_rate_ci95"] == list(wilson_interval(3, 6)) and "win_rate 0.500 [" in format_eval("pi_ref", a)
+    # issue 43.3: "success" hid what it counts; the old keys stay for one version as aliases
+    assert (a["success"], a["success_ci95"]) == (a["win_rate"], a["win_rate_ci95"])
     assert a["objective"][0] == pytest.approx(0.625 - a["kl_coef"] * a["kl"][0])
 
 
@@ -507,7 +509,7 @@ def test_the_guess_bench_runs_its_reference_row_on_held_out_games(tmp_path):
                       calibration_episodes=2, out=str(tmp_path / "bench"))  # fmt: skip
     (row,) = run_benchmark(cfg)
     assert row["turns"] >= 1 and 0 <= row["turn_reward_sum"] <= 1.5 and math.isfinite(row["score"])
-    assert row["score"] == row["turn_reward_sum"] and row["success"] in (0.0, 0.5, 1.0)
+    assert row["score"] == row["turn_reward_sum"] and row["win_rate"] in (0.0, 0.5, 1.0)
 
 
 class PaysOne(Counter):
