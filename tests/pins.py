@@ -1,7 +1,8 @@
 """Values a redesign must not change: seeded episodes of every env and autoreset mode, and the first
 iterations' metrics of the demo, ``arith-grpo`` and ``smollm2-guess-ppo`` presets (tiny budgets).
 
-``python -m tests.pins`` prints them as JSON; ``python -m tests.pins --write`` stores them in
+``smollm2-guess-ppo`` trains LoRA adapters, so the test's process stays small. ``python -m tests.pins`` prints them
+as JSON; ``python -m tests.pins --write`` stores them in
 ``tests/data/pins.json`` (with the CPU they were made on), which ``tests/test_pinned.py`` compares
 against. Why a child process on one thread: the floats then depend on the code and the CPU only, not on
 what else the test worker has run or on how many cores it has.
@@ -133,9 +134,18 @@ def pins() -> dict:
         "episodes": episodes(),
         "demo": iterations("demo", 2, num_envs=16, total_episodes=32),
         "arith-grpo": iterations("arith-grpo", 2, num_envs=16, total_episodes=32),
+        # LoRA r = 16: the full-weight preset's two 135M bodies with their gradients and AdamW moments took this
+        # process to 5.49 GiB, the suite's largest (2.29 GiB now); the env, the game and PPO's critic are the preset's
         "smollm2-guess-ppo": iterations(
-            "smollm2-guess-ppo", 2, num_envs=2, total_episodes=4, max_new_tokens=48, num_minibatches=1, ppo_epochs=1
-        ),  # fmt: skip
+            "smollm2-guess-ppo",
+            2,
+            num_envs=2,
+            total_episodes=4,
+            max_new_tokens=48,
+            num_minibatches=1,
+            ppo_epochs=1,
+            lora_rank=16,
+        ),
     }
 
 
