@@ -66,9 +66,18 @@ def initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def leave() -> None:
-    """Leave the process group :func:`init` joined (nothing outside torchrun)."""
+def leave(finished: bool = True) -> None:
+    """Leave the process group :func:`init` joined (nothing outside torchrun).
+
+    ``finished`` (every rank got here without an error): a barrier first, so no collective is still in
+    flight. Why: a gloo group destroyed while one of its threads still completes work needs the GIL to
+    release that work's Python objects, while the thread freeing the group holds the GIL and waits for
+    it: rank 0 hung at exit, its training done (one suite run in about six). After an error the
+    other ranks may never reach a barrier, so none is waited for.
+    """
     if initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

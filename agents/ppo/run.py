@@ -52,7 +52,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
         reporter = make_reporter(cfg.report_to, out, cfg.to_dict()) if main else None
         bar = tqdm(total=cfg.num_iterations, initial=trainer.iteration_done, desc=cfg.algo,
                    disable=not (cfg.progress and main))  # fmt: skip
-        boundary = None
+        boundary, failed = None, True
         try:
             while trainer.iteration_done < cfg.num_iterations:
                 boundary = Boundary.capture(trainer)  # what the rollout changes: rewound if the iteration fails
@@ -60,6 +60,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
                 if main:
                     _record(out, trainer, reporter, bar, row)
                 history.append(row)
+            failed = False
         except Exception as err:
             if main and distributed.world()[1] == 1:  # under torchrun the other ranks are not rewound with it
                 bar.close()
@@ -71,7 +72,7 @@ def train(cfg: PPOConfig, overwrite: bool = False) -> list[dict[str, float]]:
                 reporter.close()
             trainer.close()
             if joined:
-                distributed.leave()
+                distributed.leave(finished=not failed)
     return history
 
 
