@@ -321,7 +321,7 @@ class Engine:
         rows = self.layout.rows(idx[(turn_over | capped)[idx]], move)  # the turns that end, as the step leaves them
         texts = {int(s): self.encoding.text(rows.response_ids(k, d.turn_start(s))) for k, s in enumerate(rows.slots)}
         ending = idx[turn_over[idx]]
-        answers = d.answer(ending, [texts[int(s)] for s in ending], actions[ending], self.layout.length[ending] + 1, T)
+        answers = d.answer(ending, [texts[int(s)] for s in ending], actions[ending], length[turn_over[idx]], T)
         ended, turn = capped.copy(), np.zeros(n)
         ended[ending], turn[ending] = answers.over, answers.rewards
         end, late_kl, final = np.zeros(n), np.zeros(n), {}
