@@ -147,8 +147,8 @@ def _check_vocabulary(policy: str, model, env) -> None:
             raise ValueError(f"policy={policy!r} has its own tokenizer, not π_ref's (same size, other tokens); {fix}")
 
 
-ROW_KEYS = ("rm_score", "score_reward", "eos_penalty", "gold_score", "response_length", "length_capped", "turns",
-            "turn_reward_sum")  # fmt: skip
+ROW_KEYS = ("rm_score", "score_reward", "missing_eos_penalty", "gold_score", "response_length", "length_capped",
+            "turns", "turn_reward_sum")  # fmt: skip
 
 
 def _rows(episodes, prompt_len: int) -> list[dict]:
@@ -209,10 +209,11 @@ def evaluate(
     penalty − β·KL with the env's β (``kl_coef`` in the result).
 
     Returns:
-        ``rm_score``, ``score`` (normalised), ``eos_penalty`` (0 or minus the penalty), ``gold_score``,
+        ``rm_score``, ``score`` (normalised), ``missing_eos_penalty`` (0 or the penalty), ``gold_score``,
         ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
         of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
-        ``samples``: the first episodes' prompt, response and scores.
+        ``samples``: the first episodes' prompt, response and scores. ``eos_penalty`` (−missing_eos_penalty)
+        is the deprecated name (issue 43), still written for one version.
     """
     run_of = policy if run_of is None else run_of
     env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)
@@ -293,17 +294,18 @@ def _progress_bar(episodes: int, progress: bool | str):
 def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool = False) -> dict[str, Any]:
     """Means and stds of the rows; the objective is what the env pays: score − missing-EOS penalty + the partner's
     rewards − β·KL."""
-    for r in rows:  # eos_penalty is 0 or −penalty; turn_reward_sum is 0 without a partner
+    for r in rows:  # missing_eos_penalty is 0 or the penalty; turn_reward_sum is 0 without a partner
         r["score"] = episode_score(r)  # a conversation's score: its partner's rewards too
-        r["objective"] = r["score"] + r["eos_penalty"] - beta * r["kl"]
+        r["objective"] = r["score"] - r["missing_eos_penalty"] - beta * r["kl"]
 
     def stat(key: str) -> tuple[float, float]:
         values = np.array([r[key] for r in rows], dtype=np.float64)
         return float(values.mean()), float(values.std())
 
-    names = {"rm_score": "rm_score", "score": "score", "eos_penalty": "eos_penalty", "gold_score": "gold_score",
-             "kl": "kl", "objective": "objective", "response_length": "response_length"}  # fmt: skip
-    result: dict[str, Any] = {key: stat(src) for key, src in names.items()}
+    keys = ("rm_score", "score", "missing_eos_penalty", "gold_score", "kl", "objective", "response_length")
+    result: dict[str, Any] = {key: stat(key) for key in keys}
+    mean, std = result["missing_eos_penalty"]
+    result["eos_penalty"] = (-mean, std)  # deprecated (issue 43), removed in the next version
     if conversation:
         result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
         # a game's win: the partner's rewards reach 1 (TextArena's single-player games pay 1 for a win, less for a

@@ -114,7 +114,7 @@ def test_the_trainer_gives_groups_the_env_score_and_the_k1_return(tmp_path, monk
     t.iteration()
     scores, kl, g, algo, beta, scale = seen["args"]
     ep = t.last_episodes
-    assert torch.equal(scores, (ep["score_reward"] + ep["eos_penalty"]).float())
+    assert torch.equal(scores, (ep["score_reward"] - ep["missing_eos_penalty"]).float())
     torch.testing.assert_close(kl, ((ep["sample_log_prob"] - ep["ref_logprob"]) * ep["mask"]).sum(1),
                                atol=1e-4, rtol=0)  # log π_old is the teacher-forced one  # fmt: skip
     assert (g, algo, beta, scale) == (4, "grpo", t.last_beta, "std")

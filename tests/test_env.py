@@ -69,9 +69,9 @@ def test_reward_is_beta_ref_logprob_plus_score_at_the_end(env):
     ref = np.array([i["ref_logprob"] for i in infos])
     last = infos[-1]
     assert np.allclose(rewards[:-1], 0.1 * ref[:-1])
-    assert rewards[-1] == pytest.approx(0.1 * ref[-1] + last["score_reward"] + last["eos_penalty"])
+    assert rewards[-1] == pytest.approx(0.1 * ref[-1] + last["score_reward"] - last["missing_eos_penalty"])
     # the episode return is the score plus beta times the summed reference log-likelihood
-    assert rewards.sum() == pytest.approx(last["score_reward"] + 0.1 * ref.sum() + last["eos_penalty"])
+    assert rewards.sum() == pytest.approx(last["score_reward"] + 0.1 * ref.sum() - last["missing_eos_penalty"])
     mean, std, *_ = env.unwrapped.unwrapped.reward_norm
     assert last["score_reward"] == pytest.approx((last["rm_score"] - mean) / std)
     for key in ("rm_score", "gold_score", "prompt", "response", "response_length"):
@@ -97,7 +97,7 @@ def test_agent_side_kl_identity(env):
             break
     ref = np.array([i["ref_logprob"] for i in infos])
     seed_rewards = -beta * (np.array(logps) - ref)
-    seed_rewards[-1] += infos[-1]["score_reward"] + infos[-1]["eos_penalty"]
+    seed_rewards[-1] += infos[-1]["score_reward"] - infos[-1]["missing_eos_penalty"]
     assert ret - beta * sum(logps) == pytest.approx(seed_rewards.sum(), abs=1e-9)
 
 
@@ -108,7 +108,7 @@ def test_entropy_identity_for_a_deterministic_policy(env):
     _, actions, rewards, infos = run_episode(env, ref_policy(env, temperature=0), seed=4)
     ref = np.array([i["ref_logprob"] for i in infos])
     kl = -ref.sum()  # log π(a|s) = 0 for a deterministic policy
-    score = infos[-1]["score_reward"] + infos[-1]["eos_penalty"]
+    score = infos[-1]["score_reward"] - infos[-1]["missing_eos_penalty"]
     assert rewards.sum() == pytest.approx(score - beta * kl)
 
 
@@ -120,7 +120,7 @@ def test_the_length_cap_is_terminal_not_truncated():
     for _ in range(3):
         _, r, term, trunc, info = env.step(non_eos)
     assert term and not trunc and info["length_capped"].item() is True  # np.bool_: TorchRL readers need a dtype
-    assert info["eos_penalty"] == -2.0
+    assert info["missing_eos_penalty"] == 2.0 and info["eos_penalty"] == -2.0
     assert r == pytest.approx(env.unwrapped.kl_coef * info["ref_logprob"] + info["score_reward"] - 2.0)
 
 

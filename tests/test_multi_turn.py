@@ -102,9 +102,9 @@ def test_the_return_is_the_turn_rewards_the_final_score_and_beta_times_pi_ref_ov
     if mode == "step":
         np.testing.assert_allclose([i["ref_logprob"] for i in infos], ref, atol=TOL)
     else:
-        np.testing.assert_allclose(last["ref_logprobs"][policy_cols], ref, atol=TOL)
+        np.testing.assert_allclose(last["token_ref_logprobs"][policy_cols], ref, atol=TOL)
         off = np.setdiff1d(np.arange(T), policy_cols)
-        assert not last["ref_logprobs"][off].any() and not last["token_rewards"][off].any()
+        assert not last["token_ref_logprobs"][off].any() and not last["token_rewards"][off].any()
         assert last["token_rewards"].sum() == pytest.approx(sum(rewards), abs=1e-9)
 
 
@@ -256,7 +256,7 @@ def test_the_turn_cap_and_the_token_cap_end_the_episode_as_terminal_states():
     env = make(partner=Endless, max_turn_tokens=5, max_new_tokens=12, missing_eos_penalty=1.0)
     obs, rewards, infos, done = play(env, non_stop_actions(env, 40))
     last = infos[-1]
-    assert done and last["length_capped"] and float(last["eos_penalty"]) == -1.0
+    assert done and last["length_capped"] and float(last["missing_eos_penalty"]) == 1.0
     assert obs["attention_mask"][env.unwrapped.max_prompt_tokens :].sum() == 12
     assert last["conversation"][-1]["role"] == "assistant"
 
@@ -531,7 +531,7 @@ def test_a_turn_ended_by_max_turn_tokens_on_the_budgets_last_column_is_answered_
         env = make(partner=PaysOne, max_turn_tokens=3, max_new_tokens=budget, missing_eos_penalty=1.0)
         _, rewards, infos, done = play(env, non_stop_actions(env, 40))
         last = infos[-1]
-        assert done and not last["length_capped"] and float(last["eos_penalty"]) == 0.0, budget
+        assert done and not last["length_capped"] and float(last["missing_eos_penalty"]) == 0.0, budget
         sums[budget] = float(last["turn_reward_sum"])
         assert int(last["turns"]) == 2 and last["conversation"][-1]["role"] == "assistant"
     assert sums == {6 + reply: 2.0, 7 + reply: 2.0}

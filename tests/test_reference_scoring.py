@@ -47,7 +47,7 @@ def both_ways(envs, make_policy, seed=0, **kwargs):
 def assert_same_episodes(a, b):
     """Same tokens and results; per-token log π_ref and rewards to TOL (0 on padding in both)."""
     assert torch.equal(a["action"], b["action"]) and torch.equal(a["mask"], b["mask"])
-    for key in ("rm_score", "score_reward", "eos_penalty", "response_length", "length_capped"):
+    for key in ("rm_score", "score_reward", "missing_eos_penalty", "response_length", "length_capped"):
         assert torch.equal(a[key], b[key]), key
     torch.testing.assert_close(a["gold_score"], b["gold_score"], equal_nan=True, atol=0, rtol=0)
     assert list(a["response"]) == list(b["response"]) and list(a["prompt"]) == list(b["prompt"])
@@ -71,7 +71,8 @@ def test_the_collector_scores_pi_ref_at_the_end_with_stops_and_the_cap_as_steppi
     assert base.reference_scoring == "step"  # the env's own setting is back
     # the episode path's return is the reward contract's: score + β·Σ log π_ref
     ret = (b["env_reward"].double() * b["mask"]).sum(1)
-    expected = b["score_reward"] + b["eos_penalty"] + base.kl_coef * (b["ref_logprob"].double() * b["mask"]).sum(1)
+    kl_part = base.kl_coef * (b["ref_logprob"].double() * b["mask"]).sum(1)
+    expected = b["score_reward"] - b["missing_eos_penalty"] + kl_part
     torch.testing.assert_close(ret, expected, atol=1e-5, rtol=0)
 
 
@@ -107,7 +108,11 @@ def test_a_missing_eos_penalty_lands_on_the_last_token_either_way():
     a, b = both_ways(envs, lambda: LMSampler.for_env(base.model, envs, generator=torch.Generator().manual_seed(1)))
     assert_same_episodes(a, b)
     capped = b["length_capped"]
-    assert capped.any() and torch.equal(b["eos_penalty"][capped], torch.full_like(b["eos_penalty"][capped], -0.7))
+    penalty = b["missing_eos_penalty"]
+    assert capped.any() and torch.equal(penalty[capped], torch.full_like(penalty[capped], 0.7))
+    assert not penalty[~capped].any()
+    # issue 43.3: the column before the rename (−penalty) stays for one version
+    assert torch.equal(b["eos_penalty"], -penalty) and torch.equal(a["eos_penalty"], -a["missing_eos_penalty"])
 
 
 def test_the_policy_autocast_region_leaves_pi_ref_and_the_reward_model_in_fp32():
@@ -145,7 +150,7 @@ def test_stepping_by_hand_keeps_the_per_step_reward_bit_for_bit():
         obs, reward, terminated, truncated, info = env.step(action)
         assert info["ref_logprob"] == expected
         if terminated:
-            assert reward == base.kl_coef * info["ref_logprob"] + info["score_reward"] + info["eos_penalty"]
+            assert reward == base.kl_coef * info["ref_logprob"] + info["score_reward"] - info["missing_eos_penalty"]
             break
         assert reward == base.kl_coef * info["ref_logprob"]
         logits = decoder.step(torch.tensor([action]))
@@ -170,8 +175,10 @@ def test_the_single_env_pays_the_same_return_at_the_end_and_names_each_tokens_pa
     assert all("ref_logprob" not in i for i in ep_i) and not ep_r[:-1].any()
     np.testing.assert_allclose(ep_r.sum(), step_r.sum(), atol=TOL, rtol=0)  # the same undiscounted return
     np.testing.assert_allclose(ep_i[-1]["token_rewards"], step_r, atol=TOL, rtol=0)
-    np.testing.assert_allclose(ep_i[-1]["ref_logprobs"], [i["ref_logprob"] for i in step_i], atol=TOL, rtol=0)
+    np.testing.assert_allclose(ep_i[-1]["token_ref_logprobs"], [i["ref_logprob"] for i in step_i], atol=TOL, rtol=0)
     assert ep_i[-1]["rm_score"] == step_i[-1]["rm_score"]
+    # issue 43.3: token_ prefixes an episode's per-token arrays; the old name stays for one version
+    np.testing.assert_array_equal(ep_i[-1]["ref_logprobs"], ep_i[-1]["token_ref_logprobs"])
 
 
 def test_an_env_scoring_at_the_end_passes_gymnasiums_checker():

@@ -33,8 +33,10 @@ from tensordict import NonTensorStack, TensorDict
 __all__ = ["FINAL_INFO_KEYS", "collect_episodes", "episode_score", "make_episode_envs", "paid_score", "sequence_kl"]
 
 # Per-episode results copied from the env's last-step info, with their dtypes.
-FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "eos_penalty": np.float64,
-                   "gold_score": np.float64, "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
+# ``eos_penalty`` (= −missing_eos_penalty) is the name before issue 43, kept for one version.
+FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "missing_eos_penalty": np.float64,
+                   "eos_penalty": np.float64, "gold_score": np.float64, "response_length": np.int64,
+                   "length_capped": np.bool_}  # fmt: skip
 # ... and those of a conversation (TextMultiTurn-v0), with what a single-turn episode has instead: one turn, no
 # partner reward, its response the whole conversation.
 TURN_INFO_KEYS = {"turns": (np.int64, 1), "turn_reward_sum": (np.float64, 0.0)}
@@ -126,9 +128,10 @@ def collect_episodes(
         ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)`` by response
         column (observation column ``max_prompt_tokens + t``); ``mask`` is True on the policy's tokens (a
         partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the policy
-        returns kept sets; ``rm_score``, ``score_reward``, ``eos_penalty`` (0, or minus the missing-EOS
-        penalty), ``gold_score``, ``response_length`` (the policy's tokens), ``length_capped``, ``turns``,
-        ``turn_reward_sum`` (a partner's rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
+        returns kept sets; ``rm_score``, ``score_reward``, ``missing_eos_penalty`` (0, or the penalty
+        subtracted; ``eos_penalty``, its negative, is the deprecated name kept for one version), ``gold_score``,
+        ``response_length`` (the policy's tokens), ``length_capped``, ``turns``, ``turn_reward_sum`` (a partner's
+        rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
         in a conversation its ``transcript`` (:func:`transcript`): ``td["response"]`` is a list of B str (tensordict's
         ``LinkedList``: an item set on it is written back into ``td``), ``td.get("response").tolist()`` a plain list.
     """
@@ -228,10 +231,10 @@ class _Buffers:
 
     def finish(self, ended: np.ndarray, obs: dict, info: dict) -> None:
         """Copy the ended slots' observation, results and text; an episode scored at its end also gets each
-        token's log π_ref and reward (``ref_logprobs``, ``token_rewards``), which its steps did not carry."""
+        token's log π_ref and reward (``token_ref_logprobs``, ``token_rewards``), which its steps did not carry."""
         late = ended & info.get("_token_rewards", np.zeros_like(ended))
         for s in np.flatnonzero(late):
-            self.per_token["ref_logprob"][s] = info["ref_logprobs"][s]
+            self.per_token["ref_logprob"][s] = info["token_ref_logprobs"][s]
             self.per_token["env_reward"][s] = info["token_rewards"][s]
         for s in np.flatnonzero(ended):
             for key in self.obs:
@@ -267,5 +270,5 @@ def episode_score(episodes):
 
 def paid_score(episodes):
     """The score the env pays an episode besides β·log π_ref: :func:`episode_score` minus the missing-EOS penalty
-    (``eos_penalty`` is 0 or −penalty). The return of an episode is ``paid_score − β·KL``."""
-    return episode_score(episodes) + episodes["eos_penalty"]
+    (``missing_eos_penalty``: 0 or the penalty). The return of an episode is ``paid_score − β·KL``."""
+    return episode_score(episodes) - episodes["missing_eos_penalty"]

@@ -370,7 +370,8 @@ class Engine:
             final[s] = {
                 "rm_score": np.float64(rm[k]),
                 "score_reward": np.float64(score[k]),
-                "eos_penalty": np.float64(-penalty),
+                "missing_eos_penalty": np.float64(penalty),  # what was subtracted: the setting's sign
+                "eos_penalty": np.float64(-penalty),  # deprecated (issue 43): −missing_eos_penalty, for one version
                 "gold_score": np.float64(summary.gold if gold is None else gold[k]),
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],

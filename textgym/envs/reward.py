@@ -71,16 +71,19 @@ class Rewards:
     def token_infos(self, ref_lp: np.ndarray, turn_rewards: np.ndarray, end: float, new_tokens: int) -> dict:
         """The per-token infos of an episode scored at its end: what stepping it would have paid, token by token.
 
-        ``ref_logprobs`` (T,) is log π_ref(a_t|s_t) (``ref_lp``: 0 on a partner's tokens), ``token_rewards`` (T,)
-        the formula per token: β·log π_ref(a_t|s_t), a turn's reward on its last token, and on the last token
-        the score minus the missing-EOS penalty; both 0 past the response.
+        ``token_ref_logprobs`` (T,) is log π_ref(a_t|s_t) (``ref_lp``: 0 on a partner's tokens), ``token_rewards``
+        (T,) the formula per token: β·log π_ref(a_t|s_t), a turn's reward on its last token, and on the last token
+        the score minus the missing-EOS penalty; both 0 past the response. The ``token_`` prefix names an
+        episode's per-token arrays; a step's own scalar is ``ref_logprob``. ``ref_logprobs`` is the deprecated
+        name of ``token_ref_logprobs`` (issue 43), still written for one version.
         """
         length = len(ref_lp)
         ref_logprobs = np.zeros(new_tokens, dtype=np.float64)
         ref_logprobs[:length] = ref_lp
         ends = np.zeros(new_tokens, dtype=np.float64)
         ends[length - 1] = end
-        return {"ref_logprobs": ref_logprobs, "token_rewards": reward(self.kl_coef * ref_logprobs, turn_rewards, ends)}
+        rewards = reward(self.kl_coef * ref_logprobs, turn_rewards, ends)
+        return {"token_ref_logprobs": ref_logprobs, "token_rewards": rewards, "ref_logprobs": ref_logprobs.copy()}
 
 
 def load_scorers(reward_model, gold_scorer, normalize_reward, *, optional: bool, device, tokenizer, reference,

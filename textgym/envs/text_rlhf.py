@@ -174,7 +174,7 @@ _DOC_ARGS = """
             no π_ref forward while the episode runs; when it ends, one teacher-forced forward over
             the finished episodes gives every token's log π_ref at once, the last step pays
             ``kl_coef · Σ_t log π_ref(a_t|s_t)`` plus the score, and its info names each token's part
-            (``ref_logprobs``, ``token_rewards``). The return is the same (see Rewards); what
+            (``token_ref_logprobs``, ``token_rewards``). The return is the same (see Rewards); what
             textgym's own collectors use. Settable between episodes (``env.reference_scoring``).
 """
 
@@ -209,7 +209,7 @@ class TextRLHFEnv(gym.Env):
         With ``reference_scoring="episode"`` the steps before the last pay 0 and have no
         ``ref_logprob``; the last pays ``kl_coef · Σ_t log π_ref(a_t|s_t)`` + score − penalty, the
         sum of what every step would have paid, so the undiscounted return is the same. Its info adds
-        ``ref_logprobs`` and ``token_rewards`` (``(max_new_tokens,)`` float64, 0 past the response): each
+        ``token_ref_logprobs`` and ``token_rewards`` (``(max_new_tokens,)`` float64, 0 past the response): each
         token's log π_ref and the reward stepping pays on it. A collector that writes
         ``token_rewards`` back onto the tokens has exactly the per-step rewards (to float rounding:
         teacher forcing and the cached step run other kernels, |Δ log π_ref| ≤ 1e-5 in fp32).
@@ -227,9 +227,9 @@ class TextRLHFEnv(gym.Env):
         there, so the cap is a terminal state of this MDP, not an outside time limit (an agent
         that bootstraps on ``truncated`` would add V(s_T) on top of the score). ``truncated`` is
         always False; it is left to outside time limits such as a user's ``TimeLimit``. The last
-        step's info adds ``rm_score`` (raw), ``score_reward``, ``eos_penalty``, ``gold_score``,
-        ``prompt``, ``response``, ``response_length`` and ``length_capped``. A reward model that
-        raises, hangs past ``reward_timeout`` or returns anything but one finite float per
+        step's info adds ``rm_score`` (raw), ``score_reward``, ``missing_eos_penalty`` (0 or the penalty
+        subtracted), ``gold_score``, ``prompt``, ``response``, ``response_length`` and ``length_capped``.
+        A reward model that raises, hangs past ``reward_timeout`` or returns anything but one finite float per
         episode raises :class:`textgym.rewards.RewardModelError` naming it, the batch and the
         episode's slot. Any exception in a step (``KeyboardInterrupt`` too, re-raised as it is)
         undoes the step, so it can be retried.
