@@ -147,8 +147,8 @@ def _check_vocabulary(policy: str, model, env) -> None:
             raise ValueError(f"policy={policy!r} has its own tokenizer, not π_ref's (same size, other tokens); {fix}")
 
 
-ROW_KEYS = ("rm_score", "score_reward", "missing_eos_penalty", "gold_score", "response_length", "length_capped",
-            "turns", "turn_reward_sum")  # fmt: skip
+ROW_KEYS = ("rm_score", "score_reward", "missing_eos_penalty", "gold_score", "verdict", "response_length",
+            "length_capped", "turns", "turn_reward_sum")  # fmt: skip
 
 
 def _rows(episodes, prompt_len: int) -> list[dict]:
@@ -212,8 +212,10 @@ def evaluate(
         ``rm_score``, ``score`` (normalised), ``missing_eos_penalty`` (0 or the penalty), ``gold_score``,
         ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
         of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
-        ``samples``: the first episodes' prompt, response and scores. ``eos_penalty`` (−missing_eos_penalty)
-        is the deprecated name (issue 43), still written for one version.
+        ``samples``: the first episodes' prompt, response and scores. Where the task gives a verdict (a
+        game's outcome through its partner's ``verdict()``, a verifier's ``verdicts``): ``win_rate`` over the
+        ``judged_episodes``, ``win_rate_ci95`` (Wilson). ``eos_penalty`` (−missing_eos_penalty) and
+        ``success``/``success_ci95`` (win_rate's) are the deprecated names (issue 43), still written for one version.
     """
     run_of = policy if run_of is None else run_of
     env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)
@@ -308,12 +310,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     result["eos_penalty"] = (-mean, std)  # deprecated (issue 43), removed in the next version
     if conversation:
         result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
-        # a game's win: the partner's rewards reach 1 (TextArena's single-player games pay 1 for a win, less for a
-        # loss); the rate with its Wilson interval, a list (the tuples are (mean, std))
-        wins = int(sum(r["turn_reward_sum"] >= 1.0 for r in rows))
-        result["win_rate"], result["win_rate_ci95"] = wins / len(rows), list(wilson_interval(wins, len(rows)))
-        # deprecated aliases (the names before issue 43), removed in the next version: read win_rate
-        result["success"], result["success_ci95"] = result["win_rate"], result["win_rate_ci95"]
+    result.update(_win_rate(rows))
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
     result["distinct_2"] = distinct_n([r["ids"] for r in rows], 2)
@@ -327,6 +324,20 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
         for r in rows[:8]
     ]  # fmt: skip
     return result
+
+
+def _win_rate(rows: list[dict]) -> dict[str, Any]:
+    """The share of episodes the task's own verdict counts as won or solved (a game's outcome, a verifier's
+    judgement; ``verdict`` in the env's final info), with its Wilson interval as a list (the tuples are (mean,
+    std)); nothing when the task gives no verdict. Episodes without one (NaN) are not counted."""
+    judged = [r["verdict"] for r in rows if not np.isnan(r["verdict"])]
+    if not judged:
+        return {}
+    wins = int(sum(v == 1.0 for v in judged))
+    rate, ci = wins / len(judged), list(wilson_interval(wins, len(judged)))
+    # success/success_ci95: the names before issue 43, removed in the next version (read win_rate)
+    return {"win_rate": rate, "win_rate_ci95": ci, "judged_episodes": len(judged), "success": rate,
+            "success_ci95": ci}  # fmt: skip
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -416,6 +416,9 @@ def test_evaluate_plays_held_out_partner_seeds_the_same_for_every_policy_and_rep
             self.seed = seed
             return super().reset(seed=seed, prompt=prompt)
 
+        def verdict(self):  # the game's own outcome (issue 44.4), not its rewards
+            return self.k >= self.TURNS and self.seed % 2 == 0
+
     Counter.seeds = []
     kwargs = dict(env_id="TextMultiTurn-v0", partner=Wins, max_turn_tokens=3, max_new_tokens=40)
     a = evaluate(None, episodes=6, num_envs=3, **kwargs)
@@ -428,6 +431,50 @@ def test_evaluate_plays_held_out_partner_seeds_the_same_for_every_policy_and_rep
     # issue 43.3: "success" hid what it counts; the old keys stay for one version as aliases
     assert (a["success"], a["success_ci95"]) == (a["win_rate"], a["win_rate_ci95"])
     assert a["objective"][0] == pytest.approx(0.625 - a["kl_coef"] * a["kl"][0])
+
+
+class ParityVerifier:
+    """A verifier of the calculator's conversations: right when the transcript has an even length; its score is
+    its verdict, so the paid score's mean is the share it judged right."""
+
+    def score(self, episodes):
+        return self.verdicts(episodes).astype(float)
+
+    def verdicts(self, episodes):
+        return np.array([len(r) % 2 == 0 for r in episodes.responses])
+
+
+def test_win_rate_counts_the_verifiers_verdict_when_the_partner_pays_nothing():
+    """Issue 44.4: the calculator pays 0 every turn, so counting turn_reward_sum >= 1 as a win reported 0 whatever
+    the verifier judged; the win rate is the task's own verdict."""
+    from textgym.agents.evaluate import evaluate
+
+    a = evaluate(None, episodes=16, num_envs=4, env_id="TextMultiTurn-v0", partner="calculator", max_turn_tokens=6,
+                 max_new_tokens=24, reward_model=ParityVerifier(), normalize_reward=False)  # fmt: skip
+    assert a["turn_reward_sum"][0] == 0.0 and a["judged_episodes"] == 16
+    assert 0.0 < a["win_rate"] < 1.0 and a["win_rate"] == pytest.approx(a["score"][0])
+
+
+def test_the_partners_verdict_wins_over_the_reward_models_and_a_bad_one_is_a_partner_error():
+    class Judges(Counter):
+        TURNS = 1
+
+        def verdict(self):
+            return self.answer
+
+    for answer, expected in ((True, 1.0), (False, 0.0), ("yes", None)):
+        Judges.answer = answer
+        env = make(partner=Judges, reward_model=ParityVerifier())
+        env.reset(seed=0)
+        done = False
+        if expected is None:
+            with pytest.raises(PartnerError, match=r"verdict returned str 'yes'; verdict\(\) must return a bool"):
+                while not done:
+                    _, _, done, _, info = env.step(int(env.action_space.sample()))
+            continue
+        while not done:
+            _, _, done, _, info = env.step(int(env.action_space.sample()))
+        assert info["verdict"] == expected
 
 
 def test_the_wilson_interval_matches_known_values():

@@ -35,6 +35,7 @@ class Summary:
     turn_rewards: np.ndarray  # (T,) float64: each turn's reward on its last response column
     gold: float  # the task's own score when no gold scorer is given (NaN: none)
     infos: dict[str, Any]  # what the final info adds (a conversation's turns and messages)
+    verdict: float = float("nan")  # the partner's verdict: 1.0 the policy won, 0.0 not, NaN: it gives none
 
 
 class Dialogue(Protocol):

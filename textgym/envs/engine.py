@@ -355,6 +355,7 @@ class Engine:
                             response_ids=[rows.response_ids(k, self.dialogue.turn_start(s))
                                           for k, s in enumerate(slots)])  # fmt: skip
         rm, score, gold = self.rewards.scores(episodes, slots if self.num_slots > 1 else None)
+        verdicts = self.rewards.verdicts(episodes)  # None: the reward model judges nothing
         late = self.reference.episodes(rows.subset(self.reference.deferred[rows.slots]))  # {slot: (length,)}
         final = {}
         for k, s in enumerate(slots):
@@ -373,6 +374,11 @@ class Engine:
                 "missing_eos_penalty": np.float64(penalty),  # what was subtracted: the setting's sign
                 "eos_penalty": np.float64(-penalty),  # deprecated (issue 43): −missing_eos_penalty, for one version
                 "gold_score": np.float64(summary.gold if gold is None else gold[k]),
+                # the task's own verdict (1.0 solved / won, 0.0 not, NaN: the task has none): the partner's, else
+                # the reward model's
+                "verdict": np.float64(
+                    summary.verdict if verdicts is None or summary.verdict == summary.verdict else verdicts[k]
+                ),  # fmt: skip
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],
                 "response_length": np.int64(rows.policy_columns(k).sum()),

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from textgym.envs.checks import check_kl_coef, check_norm_reference, check_positions, resolve_norm
-from textgym.rewards import Episodes, make_reward_model, score_checked
+from textgym.rewards import Episodes, make_reward_model, score_checked, verdicts_checked
 
 __all__ = ["Rewards", "load_scorers", "reward"]
 
@@ -63,6 +63,11 @@ class Rewards:
             gold = score_checked(self.gold_scorer, episodes, slots=slots, timeout=self.timeout)
         score = (rm - self.norm[0]) / self.norm[1] if self.norm is not None else rm
         return rm, score, gold
+
+    def verdicts(self, episodes: Episodes) -> np.ndarray | None:
+        """``(B,)`` float64 1.0/0.0: the reward model's verdict on each finished episode, or None when it gives
+        none (a learned RM scores, it does not judge)."""
+        return None if self.reward_model is None else verdicts_checked(self.reward_model, episodes)
 
     def penalty(self, capped: bool) -> float:
         """What an episode loses when the length cap, not a stop token, ended it."""

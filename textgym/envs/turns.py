@@ -24,7 +24,7 @@ import numpy as np
 
 from textgym.envs.checks import check_int, check_timeout
 from textgym.envs.dialogue import Answers, Summary
-from textgym.partners import make_partner, reply_checked, reset_checked
+from textgym.partners import make_partner, reply_checked, reset_checked, verdict_checked
 
 __all__ = ["Conversation", "ReplyTemplate"]
 
@@ -216,4 +216,5 @@ class Conversation:
         total = turn_reward.sum()
         infos = {"turns": np.int64(turns + capped), "turn_reward_sum": np.float64(total), "conversation": messages,
                  "conversation_length": np.int64(length)}  # fmt: skip
-        return Summary(turn_reward, float(total), infos)
+        verdict = verdict_checked(self.partners[slot], self.timeout, slot=slot)
+        return Summary(turn_reward, float(total), infos, float("nan") if verdict is None else float(verdict))

@@ -15,6 +15,7 @@ from textgym.partners.base import (
     partner_name,
     reply_checked,
     reset_checked,
+    verdict_checked,
 )
 from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
@@ -32,4 +33,5 @@ __all__ = [
     "partner_name",
     "reply_checked",
     "reset_checked",
+    "verdict_checked",
 ]

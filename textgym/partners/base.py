@@ -5,6 +5,7 @@ a simulated user. A partner is any object with::
 
     def reply(self, conversation: list[dict[str, str]]) -> tuple[str, float, bool]: ...
     def reset(self, *, seed: int, prompt: str) -> str | None: ...  # optional
+    def verdict(self) -> bool: ...  # optional
 
 ``conversation`` is ``[{"role": "user" | "assistant", "content": str}, ...]``: the user's opening
 (the episode's prompt) first, roles alternating, the policy's ("assistant") turn that just ended last;
@@ -12,6 +13,9 @@ a new list each call, which the partner may keep. ``reply`` returns the partner'
 user's next turn unless the episode is over), the reward for the policy's turn that just ended and
 whether the episode is over. ``reset`` is called at the start of every episode, before any reply, and
 returns the episode's opening text (a game's rules and board) or None to keep the env's ``prompt``.
+``verdict`` is asked when the episode ends, whatever ended it: did the policy win (a game cut before its
+end was not won)? It is the task's own verdict, which evaluation's ``win_rate`` counts; a partner without
+one leaves it to the reward model (a verifier's ``verdicts``), and an episode with neither has none.
 
 ``partner=`` routes (:func:`make_partner`), tried in this order:
 
@@ -61,6 +65,7 @@ __all__ = [
     "partner_name",
     "reply_checked",
     "reset_checked",
+    "verdict_checked",
 ]
 
 _BUILTINS: dict[str, type] = {"calculator": Calculator, "guess-the-number-10": GuessTheNumber10}
@@ -78,7 +83,8 @@ class PartnerError(RuntimeError):
 
 @runtime_checkable
 class Partner(Protocol):
-    """What a multi-turn env needs from a partner; ``reset(*, seed, prompt) -> str | None`` is optional."""
+    """What a multi-turn env needs from a partner; ``reset(*, seed, prompt) -> str | None`` and
+    ``verdict() -> bool`` are optional (the module docstring)."""
 
     def reply(self, conversation: list[dict[str, str]]) -> tuple[str, float, bool]:
         """The partner's next message, the reward for the policy's turn just ended, and whether the episode is over."""
@@ -283,6 +289,22 @@ def reset_checked(
     if out is not None and (bad := _not_unicode(out)) is not None:
         raise PartnerError(f"{_who(partner, slot)}.reset returned {short_repr(out)}, whose text {bad}")
     return out
+
+
+def verdict_checked(partner: Partner, timeout: float | None, slot: int | None = None) -> bool | None:
+    """``partner.verdict()`` within ``timeout`` seconds if it has a ``verdict``; else None.
+
+    Raises:
+        PartnerError: ``verdict`` raised, hung, or returned something else than a bool.
+    """
+    verdict = getattr(partner, "verdict", None)
+    if not callable(verdict):
+        return None
+    out = _call("verdict", verdict, partner, timeout, slot)
+    if not isinstance(out, (bool, np.bool_)):
+        raise PartnerError(f"{_who(partner, slot)}.verdict returned {type(out).__name__} {short_repr(out)}; "
+                           "verdict() must return a bool: did the policy win the episode that just ended")  # fmt: skip
+    return bool(out)
 
 
 def _who(partner: Any, slot: int | None) -> str:

@@ -8,6 +8,7 @@ from textgym.rewards.base import (
     load_norm,
     save_norm,
     score_checked,
+    verdicts_checked,
 )
 from textgym.rewards.builtin import (
     CallableRewardModel,
@@ -42,4 +43,5 @@ __all__ = [
     "registered_names",
     "save_norm",
     "score_checked",
+    "verdicts_checked",
 ]

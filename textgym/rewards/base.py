@@ -37,6 +37,7 @@ __all__ = [
     "score_checked",
     "stored_norm",
     "stored_reference",
+    "verdicts_checked",
 ]
 
 
@@ -101,6 +102,31 @@ def score_checked(model: RewardModel, episodes: Episodes, slots: Sequence[int] |
     scores = _one_float_each(raw, name, len(episodes))
     _check_finite_in_float32(scores, name, episodes, slots)
     return scores
+
+
+def verdicts_checked(model: RewardModel | None, episodes: Episodes) -> np.ndarray | None:
+    """The reward model's verdicts — did each episode solve the task? — as float64 1.0/0.0, or None without any.
+
+    Why apart from the score: a verifier's score may add shaping (a format bonus) or partial credit, so "score
+    ≥ 1" is not its verdict; a model that knows right from wrong says so with ``verdicts(episodes) -> bools``.
+    Called after ``score_checked`` has scored the same episodes, so a failure here is the model's own.
+
+    Raises:
+        RewardModelError: ``verdicts`` raised or did not return one bool per episode.
+    """
+    verdicts = getattr(model, "verdicts", None)
+    if not callable(verdicts):
+        return None
+    name = getattr(model, "name", type(model).__name__)
+    try:
+        raw = verdicts(episodes)
+    except Exception as err:
+        raise RewardModelError(f"reward model {name!r}.verdicts raised {type(err).__name__}: {err}") from err
+    out = np.asarray(raw)
+    if out.dtype != np.bool_ or out.shape != (len(episodes),):
+        raise RewardModelError(f"reward model {name!r}.verdicts returned {short_repr(raw)}; expected one bool per "
+                               f"episode, shape ({len(episodes)},)")  # fmt: skip
+    return out.astype(np.float64)
 
 
 def _call_score(

@@ -54,13 +54,15 @@ class ArithmeticVerifier:
             raise ValueError(f"prompt={prompt[:80]!r} is not an arithmetic problem of the form 'a+b='")
         return str(int(match.group(1)) + int(match.group(2)))
 
+    def verdicts(self, episodes: Episodes) -> np.ndarray:
+        """``(B,)`` bool: the response is exactly the sum (the score without its format shaping)."""
+        return np.array(
+            [r.strip() == self.expected(p) for p, r in zip(episodes.prompts, episodes.responses)], dtype=bool
+        )
+
     def score(self, episodes: Episodes) -> np.ndarray:
-        out = []
-        for prompt, response in zip(episodes.prompts, episodes.responses):
-            text = response.strip()
-            shaped = self.format_reward if re.fullmatch(r"-?\d+", text) else 0.0
-            out.append(float(text == self.expected(prompt)) + shaped)
-        return np.array(out, dtype=np.float64)
+        bare = np.array([bool(re.fullmatch(r"-?\d+", r.strip())) for r in episodes.responses])
+        return self.verdicts(episodes).astype(np.float64) + self.format_reward * bare
 
 
 register("arithmetic", lambda **kwargs: ArithmeticVerifier())
@@ -90,12 +92,16 @@ class AdditionAnswerVerifier:
             raise ValueError(f"prompt={prompt[:80]!r} asks for no sum of the form 'a + b'")
         return int(match.group(1)), int(match.group(2))
 
-    def score(self, episodes: Episodes) -> np.ndarray:
+    def verdicts(self, episodes: Episodes) -> np.ndarray:
+        """``(B,)`` bool: the response commits to the asked sum."""
         out = []
         for prompt, response in zip(episodes.prompts, episodes.responses):
             a, b = self.operands(prompt)
-            out.append(float(committed_answer(response, (a, b)) == a + b))
-        return np.array(out, dtype=np.float64)
+            out.append(committed_answer(response, (a, b)) == a + b)
+        return np.array(out, dtype=bool)
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        return self.verdicts(episodes).astype(np.float64)
 
 
 register("addition-answer", lambda **kwargs: AdditionAnswerVerifier())
