@@ -161,3 +161,20 @@ def test_cli_writes_n_episodes_of_pi_ref_and_refuses_a_bad_out(tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(["trajectories", "--episodes", "1", "--out", str(out)])
     assert "exists; pass --overwrite" in capsys.readouterr().err
+
+
+def test_cli_samples_a_saved_policy_in_its_runs_env(tmp_path, capsys):
+    """``--policy`` is sampled as ``play`` samples it: in the env its run info names (here 4 tokens, top-k 5)."""
+    import shutil
+
+    from textgym.agents.evaluate import RUN_INFO
+    from textgym.asset_paths import DEFAULT_LM
+
+    policy = tmp_path / "policy"
+    shutil.copytree(DEFAULT_LM, policy)
+    (policy / RUN_INFO).write_text(json.dumps({"max_new_tokens": 4, "normalize_reward": False, "top_k": 5}))
+    out = tmp_path / "policy.jsonl"
+    main(["trajectories", "--policy", str(policy), "--episodes", "2", "--out", str(out)])
+    assert f"wrote 2 episodes of {policy} (TextRLHF-v0)" in capsys.readouterr().out
+    td = read_episodes(out)
+    assert td["action"].shape == (2, 4) and (td["response_length"] <= 4).all()
