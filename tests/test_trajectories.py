@@ -134,7 +134,7 @@ def test_a_number_json_cannot_hold_is_refused_before_writing(episodes, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_file_that_is_not_trajectories_is_refused_naming_it_and_where(tmp_path):
+def test_a_file_that_is_not_trajectories_is_refused_naming_it_and_where(episodes, tmp_path):
     path = tmp_path / "episodes.jsonl"
     path.write_text(json.dumps({"prompt_token_ids": [1]}) + "\n")
     with pytest.raises(ValueError, match=r"path='.*episodes.jsonl': record 0 has the fields \['prompt_token_ids'\]"):
@@ -142,6 +142,11 @@ def test_a_file_that_is_not_trajectories_is_refused_naming_it_and_where(tmp_path
     path.write_text("{}\n{not json\n")
     with pytest.raises(ValueError, match=r"path='.*episodes.jsonl': line 2 is not JSON"):
         read_records(path)
+    mixed = episode_records(episodes["single-turn"]) + episode_records(episodes["calculator"])
+    write_records(mixed, path)
+    assert len(read_records(path)) == len(mixed)  # records of two envs are records ...
+    with pytest.raises(ValueError, match=r"max_new_tokens takes the values \[8, 24\]; one TensorDict holds episodes"):
+        read_episodes(path)  # ... but not one TensorDict
     (tmp_path / "episodes.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match=r"path='.*episodes.parquet' is not a Parquet file of trajectory records"):
         read_records(tmp_path / "episodes.parquet")
