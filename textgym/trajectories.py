@@ -255,6 +255,15 @@ def _checked(record: dict[str, Any], k: int, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: record {k} has {n} prompt and {R} completion tokens but a loss_mask of "
                          f"{len(record['loss_mask'])} (prompt + completion), per-token lists of {lengths} ({R} "
                          f"each) and {turns[0]} turn_rewards for {turns[1]} turn_ends")  # fmt: skip
+    fits = (
+        n <= record["max_prompt_tokens"]
+        and R <= record["max_new_tokens"]
+        and all(0 <= e < R for e in record["turn_ends"])
+    )
+    if not fits:
+        raise ValueError(f"{where}: record {k}'s {n} prompt and {R} completion tokens (turn_ends "
+                         f"{record['turn_ends']}) do not fit its blocks: max_prompt_tokens="
+                         f"{record['max_prompt_tokens']}, max_new_tokens={record['max_new_tokens']}")  # fmt: skip
     return record
 
 
