@@ -10,6 +10,18 @@ from textgym.models import response_logprobs
 from textgym.policies import LMSampler
 
 
+class Rewarding:
+    """A partner that pays each turn 0.5·k - 0.5 (the first turn 0: a turn paid 0 must still be seen) and ends
+    the conversation after its third answer."""
+
+    def reset(self, seed: int, prompt: str):
+        self.k = 0
+
+    def reply(self, conversation):
+        self.k += 1
+        return f"answer {self.k}", 0.5 * self.k - 0.5, self.k >= 3
+
+
 def make_envs(n=4, **kwargs):
     kwargs.setdefault("max_new_tokens", 6)
     return gym.make_vec("TextRLHF-v0", num_envs=n, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
@@ -115,3 +127,22 @@ def test_text_columns_are_lists_of_str_per_episode_and_a_plain_list_on_request()
     assert td[1]["response"] == plain[1] and isinstance(td[1]["prompt"], str)
     responses[0] = "edited"  # the documented write-back
     assert td.get("response").tolist()[0] == "edited"
+
+
+def test_a_conversations_turn_rewards_sit_on_each_turns_last_token():
+    """``turn_reward``: what the partner paid each turn, on the turn's last token (env_reward mixes it with
+    β·log π_ref and the score); ``turn_end`` marks those tokens, so a turn paid 0 is seen too."""
+    envs = gym.make_vec("TextMultiTurn-v0", num_envs=3, vectorization_mode="vector_entry_point",
+                        autoreset_mode="disabled", partner=Rewarding, max_turn_tokens=3, max_new_tokens=40)  # fmt: skip
+    td = collect_episodes(envs, sampler(envs), seed=5)
+    ends = td["turn_end"]
+    assert torch.equal(td["turn_reward"].sum(1), td["turn_reward_sum"])
+    assert torch.equal(ends.sum(1), td["turns"] - td["length_capped"].long())  # a turn cut by the cap is not paid
+    assert td["mask"][ends].all()  # a turn ends on the policy's token ...
+    after = torch.nn.functional.pad(td["mask"][:, 1:], (0, 1))
+    assert not after[ends].any()  # ... and the partner's reply (or the episode's end) follows it
+    assert not td["turn_reward"][~ends].any()
+    first = td["turn_reward"][0][ends[0]]
+    assert torch.equal(first, torch.tensor([0.0, 0.5, 1.0][: len(first)], dtype=torch.float64))
+    single = collect_episodes(make_envs(2), sampler(make_envs(2)), seed=5)
+    assert not single["turn_end"].any() and not single["turn_reward"].any()

@@ -1,5 +1,5 @@
-"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``export``, ``rm-train``, ``rm-calibrate``,
-``bench``, ``serve-rm``.
+"""The ``textgym`` command: ``info``, ``play``, ``train``, ``eval``, ``export``, ``trajectories``, ``rm-train``,
+``rm-calibrate``, ``bench``, ``serve-rm``.
 
 This is the only module of ``textgym/`` that imports ``textgym.agents`` (lazily, per command).
 """
@@ -183,7 +183,7 @@ def cmd_play(args: argparse.Namespace) -> None:
     from textgym.agents.evaluate import load_sampler
     from textgym.episodes import collect_episodes, make_episode_envs, sequence_kl
 
-    policy_dir, env_id, temperature, sampling, kwargs = _played(args)
+    policy_dir, env_id, temperature, sampling, kwargs = _played(args, "play")
     envs = make_episode_envs(env_id, 1, **kwargs)
     policy = load_sampler(envs, policy_dir, seed=args.seed, temperature=temperature, device=args.device, **sampling)
     normalised = envs.unwrapped.reward_norm is not None
@@ -202,8 +202,9 @@ def cmd_play(args: argparse.Namespace) -> None:
               f"KL {kl:.3f}  tokens {int(ep['response_length'])}")  # fmt: skip
 
 
-def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dict]:
-    """(policy folder, or None for π_ref; env id; temperature; sampling truncation; env arguments) of ``play``.
+def _played(args: argparse.Namespace, command: str) -> tuple[str | None, str, float, dict, dict]:
+    """(policy folder, or None for π_ref; env id; temperature; sampling truncation; env arguments) of ``play`` and
+    ``trajectories`` (``command``).
 
     A policy saved by ``textgym train`` (``--policy OUT/policy``: its folder holds the run info) is played as
     ``eval`` measures it: against the run's π_ref, in the run's env, sampling as it was trained; it would
@@ -211,7 +212,7 @@ def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dic
     """
     from textgym.agents.evaluate import run_settings, run_settings_note, split_run_settings
 
-    policy = _policy_flag(args, "play")
+    policy = _policy_flag(args, command)
     kwargs = _env_kwargs(args)
     if policy is None:
         if args.ref_model is not None:
@@ -221,7 +222,7 @@ def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dic
     if args.ref_model is not None:
         kwargs["model"] = args.ref_model
     if note := run_settings_note(policy, kwargs):
-        print(f"textgym play: {note}", file=sys.stderr)
+        print(f"textgym {command}: {note}", file=sys.stderr)
     run = run_settings(policy, given=kwargs)
     run.pop("eval_prompts", None)  # play samples the env's prompts (or --prompts)
     env_id, temperature, sampling, kwargs = split_run_settings(run, args.temperature, kwargs)
@@ -230,12 +231,13 @@ def _played(args: argparse.Namespace) -> tuple[str | None, str, float, dict, dic
 
 def _policy_flag(args: argparse.Namespace, command: str) -> str | None:
     """``--policy``; or, for one more version, the trained policy given as ``--model`` (with a warning): ``--model``
-    names π_ref, as in ``train`` and ``info``. In ``play`` a ``--model`` folder without run info is π_ref."""
+    names π_ref, as in ``train`` and ``info``. In ``play`` and ``trajectories`` a ``--model`` folder without run info
+    is π_ref."""
     from textgym.agents.evaluate import RUN_INFO
 
     if args.policy is not None or args.model is None:
         return args.policy
-    if command == "play" and not (Path(args.model) / RUN_INFO).is_file():
+    if command in ("play", "trajectories") and not (Path(args.model) / RUN_INFO).is_file():
         return None
     warnings.warn(f"textgym {command} --model for the policy is deprecated and will be removed in the next version: "
                   f"use --policy {args.model} (--model names π_ref, as in `textgym train`)", FutureWarning,
@@ -321,6 +323,32 @@ def cmd_export(args: argparse.Namespace) -> None:
 
     save_folder_atomically(out, write)
     print(f"wrote {out} ({'merged full weights' if args.merge else 'a copy of ' + str(src)})")
+
+
+def cmd_trajectories(args: argparse.Namespace) -> None:
+    """``--episodes`` episodes of a policy (π_ref without ``--policy``) as exact token trajectories in ``--out``.
+
+    The env and the sampler are ``play``'s (a trained policy against its run's π_ref, in its run's env, sampling
+    as it was trained); batches of ``--num-envs`` slots, each seeded with ``--seed`` plus the episodes before it.
+    """
+    from textgym.agents.evaluate import load_sampler
+    from textgym.episodes import collect_episodes, make_episode_envs
+    from textgym.trajectories import export_episodes, trajectory_format
+
+    trajectory_format(args.out, args.format, argument="--out")  # refused before any model loads
+    if Path(args.out).exists() and not args.overwrite:
+        raise FileExistsError(f"--out={args.out!r} exists; pass --overwrite to replace it")
+    policy_dir, env_id, temperature, sampling, kwargs = _played(args, "trajectories")
+    envs = make_episode_envs(env_id, min(args.num_envs, args.episodes), **kwargs)
+    policy = load_sampler(envs, policy_dir, seed=args.seed, temperature=temperature, device=args.device, **sampling)
+    batches, done = [], 0
+    while done < args.episodes:
+        k = min(envs.num_envs, args.episodes - done)
+        batches.append(collect_episodes(envs, policy, num_episodes=k, seed=args.seed + done))
+        done += k
+    envs.close()
+    written = export_episodes(batches, args.out, args.format)
+    print(f"wrote {written} episodes of {policy_dir or 'π_ref'} ({env_id}) to {args.out}")
 
 
 def cmd_rm_train(args: argparse.Namespace) -> None:
@@ -435,8 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``textgym`` parser: one adder per command, so each command's flags read in one place."""
     parser = argparse.ArgumentParser(prog="textgym", description="RLHF with PPO as a Gymnasium environment.")
     sub = _Subparsers(parser.add_subparsers(dest="command", required=True))
-    for add in (_add_info, _add_play, _add_train, _add_eval, _add_export, _add_rm_train, _add_rm_calibrate,
-                _add_bench, _add_serve_rm):  # fmt: skip
+    for add in (_add_info, _add_play, _add_train, _add_eval, _add_export, _add_trajectories, _add_rm_train,
+                _add_rm_calibrate, _add_bench, _add_serve_rm):  # fmt: skip
         add(sub)
     return parser
 
@@ -494,6 +522,24 @@ def _add_export(sub: _Subparsers) -> None:
     p.add_argument("--merge", action="store_true", help="merge LoRA adapters into the base: a plain HF causal LM")
     p.add_argument("--overwrite", action="store_true", help="replace --out")
     p.set_defaults(func=cmd_export)
+
+
+def _add_trajectories(sub: _Subparsers) -> None:
+    p = sub.add_parser("trajectories", help="write episodes of a policy (or π_ref) as exact token trajectories: "
+                       "JSONL or Parquet, one record per episode (docs/ecosystem.md)")  # fmt: skip
+    _env_args(p)
+    p.add_argument("--policy", default=None, help="a policy saved by `textgym train` (OUT/policy), sampled against "
+                   "its run's π_ref in its run's env (default: π_ref samples)")  # fmt: skip
+    p.add_argument("--ref-model", default=None, help="π_ref of a trained --policy if not its run's")
+    p.add_argument("--episodes", type=_positive_int, default=16, help="episodes to write")
+    p.add_argument("--num-envs", type=_positive_int, default=8, help="env slots sampled at once")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's, else 1)")
+    p.add_argument("--seed", type=_seed, default=0, help="seeds the prompts, the partner's games and the sampling")
+    p.add_argument("--out", required=True, help="the file: .jsonl or .parquet (or say which with --format)")
+    p.add_argument("--format", default=None, choices=("jsonl", "parquet"), help="the file's format (default: by "
+                   "--out's suffix)")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=cmd_trajectories)
 
 
 def _add_rm_train(sub: _Subparsers) -> None:

@@ -127,7 +127,9 @@ def collect_episodes(
         ``input_ids``, ``attention_mask`` ``(B, L)``: the finished episode's observation;
         ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)`` by response
         column (observation column ``max_prompt_tokens + t``); ``mask`` is True on the policy's tokens (a
-        partner's replies are observation: mask False, reward 0); ``kept`` ``(B, T, W)`` uint8 when the policy
+        partner's replies are observation: mask False, reward 0); ``turn_reward`` ``(B, T)`` float64, a partner's
+        reward of each turn on the turn's last token (0 elsewhere, and everywhere without a partner), ``turn_end``
+        ``(B, T)`` True there (a turn paid 0 is still seen); ``kept`` ``(B, T, W)`` uint8 when the policy
         returns kept sets; ``rm_score``, ``score_reward``, ``missing_eos_penalty`` (0, or the penalty
         subtracted; ``eos_penalty``, its negative, is the deprecated name kept for one version), ``gold_score``,
         ``verdict`` (the task's own: 1.0 solved or won, 0.0 not, NaN when the task gives none),
@@ -167,6 +169,7 @@ def _step_until_done(envs, policy, obs: dict[str, np.ndarray], running: np.ndarr
         column = obs["attention_mask"][:, P:].sum(1)  # the response column each action is written to
         obs, reward, terminated, truncated, info = envs.step(actions)
         buf.record_kept(running, column, getattr(policy, "last_kept", None))
+        buf.record_turns(running, column, info)
         ended = buf.record(running, column, actions, _as_numpy(logps), info["ref_logprob"], reward,
                            terminated | truncated)  # fmt: skip
         buf.finish(ended, obs, info)
@@ -203,6 +206,9 @@ class _Buffers:
                           (("action", np.int64), ("sample_log_prob", np.float32), ("ref_logprob", np.float32),
                            ("env_reward", np.float32))}  # fmt: skip
         self.mask = np.zeros((n, T), dtype=bool)
+        # a partner's reward of each turn at the turn's last column, as the env pays it (float64: the partner's value)
+        self.turn_reward = np.zeros((n, T), dtype=np.float64)
+        self.turn_end = np.zeros((n, T), dtype=bool)  # True on each answered turn's last token: a 0 reward is seen
         self.obs = {k: np.zeros((n, L), dtype=np.int64) for k in ("input_ids", "attention_mask")}
         self.final = {k: np.zeros(n, dtype=d) for k, d in FINAL_INFO_KEYS.items()}
         self.final.update({k: np.full(n, default, dtype=d) for k, (d, default) in TURN_INFO_KEYS.items()})
@@ -219,6 +225,18 @@ class _Buffers:
             self.kept = np.zeros((*self.per_token["action"].shape, kept.shape[-1]), dtype=np.uint8)
         rows = np.flatnonzero(running)
         self.kept[rows, column[rows]] = kept[rows]
+
+    def record_turns(self, running, column, info: dict) -> None:
+        """Store the partner's reward of each turn that ended on this step at the turn's last token's column.
+
+        Why here and not from ``env_reward``: the step's reward adds β·log π_ref and, at the end, the score;
+        the turn's own reward is only in the step's info (``turn_reward``, a conversation's turns only).
+        """
+        if "turn_reward" not in info:
+            return
+        rows = np.flatnonzero(running & info["_turn_reward"])
+        self.turn_reward[rows, column[rows]] = info["turn_reward"][rows]
+        self.turn_end[rows, column[rows]] = True
 
     def record(self, running, column, actions, logps, ref_logprob, reward, done) -> np.ndarray:
         """Write the step of the running slots at their tokens' columns; return the mask of those that ended."""
@@ -252,6 +270,8 @@ class _Buffers:
     def tensordict(self, b: int) -> TensorDict:
         data = {k: torch.as_tensor(v[:b]) for k, v in {**self.per_token, **self.obs, **self.final}.items()}
         data["mask"] = torch.as_tensor(self.mask[:b])  # (B, T)
+        data["turn_reward"] = torch.as_tensor(self.turn_reward[:b])  # (B, T) float64
+        data["turn_end"] = torch.as_tensor(self.turn_end[:b])  # (B, T)
         if self.kept is not None:
             data["kept"] = torch.as_tensor(self.kept[:b])  # (B, T, W)
         td = TensorDict(data, batch_size=[b])

@@ -11,6 +11,7 @@ import stat
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "FolderInUseError",
@@ -21,6 +22,7 @@ __all__ = [
     "recover_folder",
     "link_files",
     "save_folder_atomically",
+    "write_file_atomically",
     "write_text_atomically",
 ]
 
@@ -195,10 +197,17 @@ def _fsync_path(path: Path) -> None:
 
 
 def write_text_atomically(path: str | Path, text: str, argument: str = "folder") -> None:
-    """Write ``text`` through ``.NAME.tmp`` and a rename: a crash leaves the old file or the new one, never half.
+    """Write ``text`` (UTF-8) through ``.NAME.tmp`` and a rename (:func:`write_file_atomically`)."""
+    write_file_atomically(path, lambda f: f.write(text.encode("utf-8")), argument)
+
+
+def write_file_atomically(path: str | Path, write: Callable[[BinaryIO], object], argument: str = "folder") -> None:
+    """Call ``write(f)`` on a binary file ``.NAME.tmp`` beside ``path``, then rename it to ``path``: a crash or an
+    error in ``write`` leaves the old file or the new one, never half of one (the temp is removed).
 
     The temp file is created anew (``O_EXCL``) after any stale one is removed: a link planted at its
-    name is unlinked (never its target), so the text cannot go into a file outside the folder.
+    name is unlinked (never its target), so the bytes cannot go into a file outside the folder. ``write`` gets
+    the open file, not the name, for the same reason (``datasets``' ``to_parquet`` takes a buffer).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -212,13 +221,13 @@ def write_text_atomically(path: str | Path, text: str, argument: str = "folder")
         raise
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk: no half-written temp is left
+        tmp.unlink(missing_ok=True)  # a full disk or a failed writer: no half-written temp is left
         raise
 
 
