@@ -18,7 +18,8 @@ episode used, never the padded blocks):
   paid per token (β·log π_ref, a turn's reward on its last token, the score minus the penalty at the end);
 - ``turn_rewards``, ``turn_ends`` (K,): each answered turn's partner reward (float64) and its last token's index
   in ``completion_token_ids`` (none without a partner);
-- ``rm_score``, ``score_reward``, ``missing_eos_penalty``, ``gold_score`` (NaN: none), ``turn_reward_sum`` float;
+- ``rm_score``, ``score_reward``, ``missing_eos_penalty``, ``gold_score``, ``verdict`` (NaN: none),
+  ``turn_reward_sum`` float;
   ``response_length``, ``turns`` int; ``length_capped`` bool; ``prompt``, ``response``, ``transcript`` (a
   conversation's messages as text; null in a single-turn episode) str;
 - ``max_prompt_tokens``, ``max_new_tokens``, ``pad_token_id`` (null when the episode's observation has no
@@ -53,7 +54,8 @@ FORMATS = {"jsonl": ".jsonl", "parquet": ".parquet"}  # format -> the file suffi
 PER_TOKEN = {"per_token_logps": ("sample_log_prob", torch.float32), "ref_logprob": ("ref_logprob", torch.float32),
              "env_reward": ("env_reward", torch.float32)}  # fmt: skip
 SCALARS = {"rm_score": torch.float64, "score_reward": torch.float64, "missing_eos_penalty": torch.float64,
-           "gold_score": torch.float64, "turn_reward_sum": torch.float64, "response_length": torch.int64,
+           "gold_score": torch.float64, "verdict": torch.float64, "turn_reward_sum": torch.float64,
+           "response_length": torch.int64,
            "turns": torch.int64, "length_capped": torch.bool}  # fmt: skip
 TEXTS = ("prompt", "response", "transcript")
 BLOCKS = ("max_prompt_tokens", "max_new_tokens", "pad_token_id")
