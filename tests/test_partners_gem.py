@@ -14,9 +14,9 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 
 import textgym  # noqa: F401  (registers the ids)
+from tests.long_lm import build_long_lm
 from textgym.partners import PartnerError, make_partner
 from textgym.partners.gem import REFUSED, GEMPartner, offline_ids
 
@@ -25,20 +25,7 @@ GAME = "game:GuessTheNumber-v0-easy"  # 1..10 in 4 guesses; its rules are about 
 
 @pytest.fixture(scope="module")
 def long_lm(tmp_path_factory):
-    """A tiny random Llama with the embedded tokenizer and 1024 positions (GEM rules overflow the embedded 128)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from textgym.models import load_tokenizer
-
-    path = tmp_path_factory.mktemp("long_lm")
-    tok = load_tokenizer()
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
-    LlamaForCausalLM(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
+    return build_long_lm(tmp_path_factory.mktemp("long_lm"))
 
 
 def make(long_lm, partner=f"gem:{GAME}", **kwargs):
