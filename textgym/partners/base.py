@@ -39,6 +39,7 @@ import numpy as np
 from textgym.errors import short_repr
 from textgym.imports import import_module_named
 from textgym.partners.gem import GEMPartner
+from textgym.partners.skyrl import SkyRLPartner
 from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
 from textgym.rewards.base import FLOAT32_MAX
@@ -52,6 +53,7 @@ TEXTARENA_PREFIX = "textarena:"
 ADAPTERS: dict[str, tuple[type, str]] = {
     TEXTARENA_PREFIX: (TextArenaPartner, "TextArena games"),
     "gem:": (GEMPartner, "GEM environments"),
+    "skyrl:": (SkyRLPartner, "skyrl-gym environments"),
 }
 
 __all__ = [
