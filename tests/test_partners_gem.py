@@ -209,6 +209,18 @@ def test_gems_reasoning_gym_envs_run_on_reasoning_gym_0_1_25_as_one_turn_tasks(l
     assert infos[0]["prompt"] == question and infos[-1]["done"] and float(infos[-1]["turn_reward_sum"]) == 1.0
 
 
+def test_an_answer_whose_reasoning_gym_scorer_raises_scores_zero_and_a_readable_one_keeps_its_score():
+    """reasoning-gym 0.1.25's boxnet scorer raises TypeError on ``\\boxed{1}``, an answer it cannot read."""
+    task = GEMPartner("rg:boxnet")
+    question = task.reset(seed=0, prompt="")
+    with pytest.raises(TypeError):  # what GEM alone does with that answer
+        task._env.step("\\boxed{1}")
+    answer = lambda text: [{"role": "user", "content": question}, {"role": "assistant", "content": text}]  # noqa: E731
+    assert task.reply(answer("\\boxed{1}")) == ("", 0.0, True)
+    task.reset(seed=0, prompt="")
+    assert task.reply(answer("\\boxed{[]}")) == ("", 0.05, True)  # boxnet's own score for an empty plan
+
+
 def test_a_seed_picks_the_same_reasoning_gym_problem_after_many_episodes():
     """GEM swaps in a new problem set every 500 seeded resets; the partner keeps one, so seed 3 stays seed 3's."""
     game = GEMPartner("rg:basic_arithmetic")

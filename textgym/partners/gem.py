@@ -19,7 +19,8 @@ getaddrinfo raising OSError):
   Crosswords (their ``-random`` fails in GEM's own constructor);
 - single-turn tasks: ``rg:<dataset>``, reasoning-gym's procedurally generated datasets as GEM wraps them
   (the question opens, the policy answers once, ``\\boxed{answer}`` is scored by the dataset's
-  ``score_answer``, and the episode ends), except those in :data:`REFUSED`.
+  ``score_answer``, and the episode ends; an answer whose scorer raises scores 0), except those in
+  :data:`REFUSED`.
 
 Refused (:data:`REFUSED`): Wordle, Hangman and WordSearch (the nltk ``words`` corpus, downloaded), every
 ``math:``, ``code:``, ``logic:``, ``qa:`` and ``eval:`` env (a Hugging Face dataset, downloaded; the code
@@ -34,8 +35,8 @@ NumPy's global RNG takes seeds below 2**32: a larger seed is refused.
 
 reasoning-gym pin: gem-llm 0.1.0 pins reasoning-gym 0.1.23, textgym's dev extra has 0.1.25; ``import gem``
 imports reasoning_gym and registers one ``rg:`` env per dataset of the installed version. ``make`` installs
-gem-llm with ``--no-deps`` beside 0.1.25, and the tests play ``rg:`` envs on it: what GEM uses of reasoning-gym
-(``create_dataset``, ``score_answer``, the dataset registry) is unchanged between the two versions.
+gem-llm with ``--no-deps`` beside 0.1.25: what GEM uses of reasoning-gym (``create_dataset``, ``score_answer``,
+the dataset registry) is there in 0.1.25, the offline probe ran every ``rg:`` id on it, and the tests play one.
 """
 
 from __future__ import annotations
@@ -205,10 +206,25 @@ class GEMPartner:
             return self._last[1]
         if self._over:
             raise RuntimeError(f"the GEM env {self.env_id!r} is over (or was never started); reset() starts a new one")
-        observation, reward, terminated, truncated, info = self._in_own_rng(lambda: self._env.step(key[1]))
+        observation, reward, terminated, truncated, info = self._in_own_rng(lambda: self._step(key[1]))
         result = _message(observation, info), float(reward), bool(terminated or truncated)
         self._last, self._over = (key, result), result[2]
         return result
+
+    def _step(self, action: str) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        """GEM's ``step``; for a reasoning-gym task, an answer whose scorer raises scores 0 and ends the episode.
+
+        Why: some reasoning-gym scorers raise on an answer they cannot parse instead of scoring it 0 (three of
+        105 in 0.1.25: boxnet on ``\\boxed{1}``, game_of_life on a JSON object, prime_factorization on
+        ``\\boxed{abc}``), and a policy writes such answers; 0 is the scorer's own verdict for an answer it cannot
+        read (no ``\\boxed{}``).
+        """
+        if not self.env_id.startswith("rg:"):
+            return self._env.step(action)
+        try:
+            return self._env.step(action)
+        except Exception:  # the step is the extraction of the boxed answer and score_answer: nothing else to fail
+            return _END_MARKER, 0.0, True, True, {}
 
     def _in_own_rng(self, fn):
         """``fn()`` with this env's states of ``random`` and NumPy's global RNG swapped in, the caller's put back."""
