@@ -117,7 +117,7 @@ def _family(env_id: str) -> str:
 
 def _refusal(env_id: str) -> str | None:
     """What ``env_id`` needs that textgym cannot offer offline, or None."""
-    need = REFUSED.get(env_id) or REFUSED.get(_family(env_id)) or REFUSED.get(env_id.partition(":")[0] + ":")
+    need = REFUSED.get(env_id) or REFUSED.get(_family(env_id))
     if need is None:
         return None
     return need.format(dataset=_registry()[env_id].kwargs.get("dataset_name", "?"))
@@ -187,8 +187,8 @@ class GEMPartner:
         """Start an episode from ``seed``; returns its opening (a game's rules and board), which replaces ``prompt``."""
         if not 0 <= seed < _NUMPY_SEEDS:
             raise ValueError(f"seed={seed}: GEM seeds NumPy's global RNG, which takes seeds in [0, 2**32)")
-        if hasattr(self._env, "ds"):  # reasoning-gym: GEM swaps in a new problem set every 500 seeded resets;
-            self._env.idx = 0  # keeping its counter at 0 keeps one set, so a seed always picks the same problem
+        if self.env_id.startswith("rg:"):  # GEM swaps in a new problem set when its reset counter reaches 499;
+            self._env.idx = 0  # keeping the counter at 0 keeps one set, so a seed always picks the same problem
         observation, info = self._in_own_rng(lambda: self._env.reset(seed=seed))
         self._last, self._over = None, False
         return _message(observation, info)
