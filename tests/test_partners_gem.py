@@ -97,7 +97,8 @@ def test_the_same_seed_gives_the_same_episode_and_seeds_choose_the_game(long_lm)
     env, other = make(long_lm), make(long_lm)
     turns = ["\\boxed{4}", "\\boxed{6}", "\\boxed{2}"]
     first = play_turns(env, turns, seed=11)
-    random.seed(1), np.random.seed(1)  # the caller's draws between episodes do not reach the game
+    random.seed(1)  # the caller's draws between episodes do not reach the game
+    np.random.seed(1)
     play_turns(other, turns, seed=12)
     again = play_turns(env, turns, seed=11)
     assert [i.get("reply") for i in first[1]] == [i.get("reply") for i in again[1]]
@@ -106,10 +107,17 @@ def test_the_same_seed_gives_the_same_episode_and_seeds_choose_the_game(long_lm)
     assert len(replies) > 1
 
 
-@pytest.mark.parametrize("game", ["game:Minesweeper-v0-easy", "game:Game2048-v0-easy", "game:Sokoban-v0-easy"])
+MOVES = {
+    "game:Minesweeper-v0-easy": ["\\boxed{reveal 2 2}", "\\boxed{reveal 0 4}", "\\boxed{reveal 4 0}"],
+    "game:Game2048-v0-easy": ["\\boxed{up}", "\\boxed{left}", "\\boxed{down}", "\\boxed{right}"],
+    "game:Sokoban-v0-easy": ["\\boxed{up}", "\\boxed{left}", "\\boxed{down}"],
+}
+
+
+@pytest.mark.parametrize("game", sorted(MOVES))
 def test_games_that_draw_in_step_replay_the_same_for_the_same_seed_whatever_else_draws(game):
     """Minesweeper lays its mines at the first reveal, 2048 adds a random tile each move: draws inside ``step``."""
-    moves = ["\\boxed{reveal 2 2}", "\\boxed{up}", "\\boxed{left}", "\\boxed{reveal 0 4}"]
+    moves = MOVES[game]
 
     def play(partner, seed, between=lambda: None):
         conversation = [{"role": "user", "content": partner.reset(seed=seed, prompt="")}]
@@ -135,6 +143,7 @@ def test_games_that_draw_in_step_replay_the_same_for_the_same_seed_whatever_else
 
     interleaved = play(b, 5, between=other_moves)
     assert interleaved == first and random.getstate() == outside
+    assert len(first) > 2 and not any(reply[1] < 0 for reply in first[1:])  # moves GEM read, not format errors
     assert len({str(play(GEMPartner(game), s)) for s in range(4)}) > 1
 
 

@@ -78,7 +78,8 @@ def test_gsm8k_multi_turn_pays_each_turn_asks_again_and_ends_on_the_right_answer
 def test_the_same_seed_gives_the_same_episode_and_seeds_choose_the_problem():
     env = make()
     first = play_turns(env, ["#### 7"], seed=9)
-    random.seed(3), np.random.seed(3)  # the caller's global draws do not reach the rows
+    random.seed(3)  # the caller's global draws do not reach the rows
+    np.random.seed(3)
     again = play_turns(env, ["#### 7"], seed=9)
     np.testing.assert_array_equal(first[0]["input_ids"], again[0]["input_ids"])
     assert first[1][0]["prompt"] == again[1][0]["prompt"]
