@@ -38,6 +38,7 @@ import numpy as np
 
 from textgym.errors import short_repr
 from textgym.imports import import_module_named
+from textgym.partners.openenv import OpenEnvPartner
 from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
 from textgym.rewards.base import FLOAT32_MAX
@@ -48,7 +49,10 @@ TEXTARENA_PREFIX = "textarena:"
 # ``"<prefix><rest>"`` partners from other packages, with what they are called in errors: the class is built with
 # ``rest`` (a game id, a URL), once per env slot. Each class imports its package only when built, so a missing
 # extra fails that spec alone, naming it.
-ADAPTERS: dict[str, tuple[type, str]] = {TEXTARENA_PREFIX: (TextArenaPartner, "TextArena games")}
+ADAPTERS: dict[str, tuple[type, str]] = {
+    TEXTARENA_PREFIX: (TextArenaPartner, "TextArena games"),
+    "openenv:": (OpenEnvPartner, "OpenEnv environments"),
+}
 
 __all__ = [
     "ADAPTERS",
