@@ -92,10 +92,14 @@ def _fault() -> None:
 
 
 def main(port: int = 0, max_sessions: int = 32) -> None:
-    """Serve on ``port`` (0: a free one, held from the bind on, so no other process can take it in between)."""
+    serve(create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=max_sessions), port)
+
+
+def serve(app: Any, port: int = 0) -> None:
+    """Serve ``app`` on 127.0.0.1:``port`` (0: a free one, held from the bind on, so no other process can take it
+    in between), after printing the port."""
     import uvicorn
 
-    app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=max_sessions)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted server takes its killed one's port
     sock.bind(("127.0.0.1", port))

@@ -32,16 +32,17 @@ TURN = dict(max_turn_tokens=4, max_new_tokens=60)
 
 
 class Server:
-    """One guess server process: its URL, the file that injects its next fault, and how to stop it."""
+    """One OpenEnv server process (the guess game unless ``command`` says otherwise): its URL, the file that
+    injects its next fault, and how to stop it."""
 
-    def __init__(self, faults: Path, port: int = 0, max_sessions: int = 32):
+    def __init__(self, faults: Path, port: int = 0, max_sessions: int = 32, command: list[str] | None = None):
         self.faults, self.log = faults, faults.with_suffix(".log")  # the server's stderr: its tracebacks, if any
         env = {**os.environ, "OPENENV_GUESS_FAULTS": str(faults)}
+        command = command or [sys.executable, str(SERVER), str(port), str(max_sessions)]
         with self.log.open("a") as log:
-            self.proc = subprocess.Popen([sys.executable, str(SERVER), str(port), str(max_sessions)],
-                                         stdout=subprocess.PIPE, stderr=log, text=True, env=env)  # fmt: skip
+            self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
         line = self.proc.stdout.readline()
-        assert line.strip().isdigit(), f"the guess server did not start:\n{self.log.read_text()[-3000:]}"
+        assert line.strip().isdigit(), f"the server did not start:\n{self.log.read_text()[-3000:]}"
         self.port = int(line)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 120
@@ -183,6 +184,30 @@ def test_the_env_passes_gymnasium_sb3_and_torchrl_checkers(server):
     vec = gym.make_vec("TextMultiTurn-v0", num_envs=2, vectorization_mode="vector_entry_point",
                        autoreset_mode="disabled", partner=f"openenv:{server.url}", **TURN)  # fmt: skip
     check_env_specs(GymWrapper(vec), seed=0)
+
+
+def test_openenvs_own_echo_template_plays_with_the_default_fields(tmp_path):
+    """``openenv init``'s environment (OpenEnv's echo template), served as generated: its text fields are found in
+    its schema, and its rewards (0.1 per character said) reach the info. Its ``reset()`` takes no seed, so the
+    server drops the one sent: documented, not detectable on the wire."""
+    bin_only = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no `uv`: init skips `uv lock`, offline
+    subprocess.run([sys.executable, "-m", "openenv.cli", "init", "echo_t", "--output-dir", str(tmp_path)],
+                   check=True, capture_output=True, env=bin_only, timeout=300)  # fmt: skip
+    code = (f"import sys; sys.path[:0] = [{str(tmp_path / 'echo_t')!r}, {str(SERVER.parent)!r}]; "
+            "from server.app import app; from openenv_guess_server import serve; serve(app)")  # fmt: skip
+    echo = Server(tmp_path / "fault", command=[sys.executable, "-c", code])
+    try:
+        partner = OpenEnvPartner(echo.url)
+        assert (partner.action_field, partner.observation_field) == ("message", "echoed_message")
+        env = make(echo.url, max_turns=2)
+        obs, _ = env.reset(seed=0)
+        assert opening(env, obs) == "Echo T environment ready!"
+        for _ in range(2):
+            *_, done, _, info = play_turn(env, "hello")
+            assert info["reply"] == "hello" and info["turn_reward"] == pytest.approx(0.5)
+        assert done and info["turn_reward_sum"] == pytest.approx(1.0)
+    finally:
+        echo.stop()
 
 
 # ---------------------------------------------------------------- failures
