@@ -10,6 +10,7 @@ import copy
 import gc
 import http.server
 import os
+import pickle
 import random
 import socket
 import subprocess
@@ -160,9 +161,10 @@ def test_each_slot_plays_its_own_game_on_its_own_session(server):
 
 
 def test_a_copy_of_a_partner_is_a_new_session_on_the_same_server(server):
-    partner = OpenEnvPartner(server.url)
-    twin = copy.deepcopy(partner)
-    assert twin.base_url == partner.base_url and twin is not partner
+    partner = OpenEnvPartner(server.url, observation_field="text")
+    twin, thawed = copy.deepcopy(partner), pickle.loads(pickle.dumps(partner))  # as Ray or a subprocess env gets it
+    for other in (twin, thawed):
+        assert (other.base_url, other.observation_field) == (server.url, "text") and other is not partner
     partner.reset(seed=7, prompt="")
     twin.reset(seed=7, prompt="")
     conversation = [{"role": "user", "content": "."}, {"role": "assistant", "content": "1"}]
@@ -171,6 +173,29 @@ def test_a_copy_of_a_partner_is_a_new_session_on_the_same_server(server):
     partner.close()
     with pytest.raises(RuntimeError, match="is over .*or was never started.*reset\\(\\) starts one"):
         partner.reply([*conversation, {"role": "user", "content": "x"}, {"role": "assistant", "content": "2"}])
+
+
+class Picky(OpenEnvPartner):
+    """Reads no reply that says ``Higher``: an answer the partner cannot play."""
+
+    def text(self, observation):
+        if "Higher" in observation["text"]:
+            raise KeyError("no board in the observation")
+        return super().text(observation)
+
+
+def test_an_answer_that_cannot_be_read_ends_the_episode_until_reset(server):
+    partner = Picky(server.url)
+    partner.reset(seed=7, prompt="")
+    conversation = [{"role": "user", "content": "."}, {"role": "assistant", "content": "1"}]
+    with pytest.raises(KeyError, match="no board"):
+        partner.reply(conversation)
+    with pytest.raises(
+        ConnectionError, match=r"ended \(its answer could not be read: 'no board.*reset\(\) starts a new"
+    ):
+        partner.reply(conversation)  # the server stepped: sending the turn again would play it twice
+    assert partner.reset(seed=7, prompt="").startswith("Game 7:")
+    assert partner.reply([*conversation[:1], {"role": "assistant", "content": "9"}]) == ("Turn 1: Lower.", 0.1, False)
 
 
 def test_the_env_passes_gymnasium_sb3_and_torchrl_checkers(server):

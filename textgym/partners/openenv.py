@@ -202,6 +202,11 @@ class _Loop:
                 cls._loop, cls._pid = loop, os.getpid()
             return cls._loop
 
+    @classmethod
+    def running(cls) -> asyncio.AbstractEventLoop | None:
+        """This process's loop if it was started, else None."""
+        return cls._loop if cls._pid == os.getpid() else None
+
 
 class _Session:
     """One WebSocket session with the server (OpenEnv's ``GenericEnvClient``), and why it ended, if it did."""
@@ -219,7 +224,9 @@ class _Session:
     def close(self) -> None:
         """Close the WebSocket on the loop, without waiting (a hung server must not hang the caller)."""
         self.ended = self.ended or "closed"
-        asyncio.run_coroutine_threadsafe(self.client.disconnect(), _Loop.get())
+        loop = _Loop.running()
+        if loop is not None:  # else the socket belongs to another process (a fork's parent): nothing to close here
+            asyncio.run_coroutine_threadsafe(self.client.disconnect(), loop)
 
 
 def _close(sessions: list[_Session | None]) -> None:
@@ -308,8 +315,7 @@ class OpenEnvPartner:
                 session = self._sessions[0] = _Session(self.ws_url, self._options["connect_timeout"])
             self._last, self._over = None, True
             call = self._pending = _Call(("reset", seed), session.submit("reset", seed=seed), session)
-        opening, _, done = self._answer(call)
-        return opening or None
+        return self._answer(call)[0] or None
 
     def reply(self, conversation: list[dict[str, str]]) -> tuple[str, float, bool]:
         """Step the server's environment with the policy's last turn; its reply, reward (None: 0.0) and done.
@@ -356,18 +362,26 @@ class OpenEnvPartner:
         try:
             result = call.future.result()
         except Exception as err:
-            failure = self._failure(err, call.session)
-            with self._lock:
-                if self._pending is call:
-                    self._pending = None
-            raise failure from err
-        out = (self.text(result.observation), _reward(result.reward, self.http_url), bool(result.done))
+            self._settle(call)
+            raise self._failure(err, call.session) from err
+        try:
+            out = (self.text(result.observation), _reward(result.reward, self.http_url), bool(result.done))
+        except Exception as err:  # the server stepped, but its answer cannot be played: its episode cannot go on
+            call.session.ended = f"its answer could not be read: {err}"
+            self._settle(call)
+            raise
         with self._lock:
             if self._pending is call:
                 self._pending, self._over = None, out[2]
                 if call.key[0] != "reset":
                     self._last = (call.key, out)
         return out
+
+    def _settle(self, call: _Call) -> None:
+        """``call`` failed: nothing is owed for it any more (unless a newer call took its place)."""
+        with self._lock:
+            if self._pending is call:
+                self._pending = None
 
     def _failure(self, err: Exception, session: _Session) -> Exception:
         """The error to raise for a failed call; marks the session ended when the server ended it."""
