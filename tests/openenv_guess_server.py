@@ -12,7 +12,8 @@ for no number; the game is over after 5 turns. The turn number in every reply sh
 
 Faults, for the failure tests: when the file named by ``$OPENENV_GUESS_FAULTS`` exists at a step, it is read
 and deleted (one fault per file written): ``error`` makes the step raise (the server answers an error
-message), ``hang S`` makes it sleep S seconds first.
+message), ``hang S`` makes it sleep S seconds first. With ``$OPENENV_GUESS_NEEDS_KEY`` set, building the
+environment fails unless ``$GUESS_API_KEY`` is set, as for an environment behind an API.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from openenv.core.env_server.types import Action, Observation, State
 
 LOW, HIGH, TURNS = 1, 5, 5
 FAULTS_ENV = "OPENENV_GUESS_FAULTS"
+NEEDS_KEY_ENV = "OPENENV_GUESS_NEEDS_KEY"  # set: building the environment fails without GUESS_API_KEY
 
 
 class GuessAction(Action):
@@ -48,6 +50,8 @@ class GuessEnvironment(Environment):
     SUPPORTS_CONCURRENT_SESSIONS = True  # each WebSocket session has its own instance: nothing is shared
 
     def __init__(self):
+        if os.environ.get(NEEDS_KEY_ENV) and not os.environ.get("GUESS_API_KEY"):
+            raise RuntimeError("this game needs GUESS_API_KEY")  # as an env behind an API would
         super().__init__()
         self._state = State(step_count=0)
         self.target, self.over = LOW, True

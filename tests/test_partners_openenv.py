@@ -36,9 +36,10 @@ class Server:
     """One OpenEnv server process (the guess game unless ``command`` says otherwise): its URL, the file that
     injects its next fault, and how to stop it."""
 
-    def __init__(self, faults: Path, port: int = 0, max_sessions: int = 32, command: list[str] | None = None):
+    def __init__(self, faults: Path, port: int = 0, max_sessions: int = 32, command: list[str] | None = None,
+                 **env: str):  # fmt: skip
         self.faults, self.log = faults, faults.with_suffix(".log")  # the server's stderr: its tracebacks, if any
-        env = {**os.environ, "OPENENV_GUESS_FAULTS": str(faults)}
+        env = {**os.environ, "OPENENV_GUESS_FAULTS": str(faults), **env}
         command = command or [sys.executable, str(SERVER), str(port), str(max_sessions)]
         with self.log.open("a") as log:
             self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
@@ -302,6 +303,18 @@ def test_a_server_at_capacity_is_refused_naming_the_setting_to_raise(tmp_path):
                          partner=f"openenv:{small.url}", **TURN).reset(seed=0)  # fmt: skip
     finally:
         small.stop()
+
+
+def test_a_server_that_cannot_build_its_environment_is_refused_at_make_naming_the_likely_causes(tmp_path):
+    locked = Server(tmp_path / "fault", OPENENV_GUESS_NEEDS_KEY="1")  # its environment needs an API key it lacks
+    try:
+        with pytest.raises(PartnerError, match=rf"partner 'openenv:{locked.url}' \(env slot 0\)\.reset raised "
+                                               r"ConnectionError: .*refused the session: .*FACTORY_ERROR.*missing API "
+                                               r"key or package\?\); openenv-core does not say why: build the "
+                                               r"Environment class by hand where the server runs"):  # fmt: skip
+            make(locked.url)
+    finally:
+        locked.stop()
 
 
 def test_a_url_that_does_not_answer_fails_at_make_naming_it():

@@ -28,7 +28,10 @@ partner is built: the action's one required string field (the echo template's an
 schema has several, or subclass and override :meth:`OpenEnvPartner.action` / :meth:`OpenEnvPartner.text`
 for anything else. A ``None`` reward is 0.0; a bool reward (OpenEnv allows one, as a verdict) is 1.0 or 0.0.
 
-Failures: a URL that does not answer ``GET /schema`` fails when the partner is built (at ``gym.make``). At a
+Failures: a URL that does not answer ``GET /schema`` fails when the partner is built (at ``gym.make``). What an
+environment needs (a download, the network, an API key) only the server knows: one that cannot build its
+environment answers the session ``FACTORY_ERROR`` (without the reason, in openenv-core 0.3.0), an error that
+names the likely causes, at the first reset (also at ``gym.make``, which resets a partner to size the opening). At a
 step, a dropped connection, an error answer and a call past the env's ``partner_timeout`` reach the env as one
 :class:`~textgym.partners.PartnerError` naming ``openenv:<url>``, and the env undoes the step. The server cannot
 undo a step, so what a retry of the same turn does depends on the failure: after an error answer it sends the
@@ -60,10 +63,13 @@ _SCHEMES = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
 _OBSERVATION_BASE = {"done", "reward", "metadata"}  # openenv's Observation fields: not the env's text
 # error codes after which the server has ended the session (openenv.core.env_server.types.WSErrorCode)
 _SESSION_ENDED = {"CAPACITY_REACHED", "FACTORY_ERROR", "SESSION_ERROR"}
-_CAPACITY_HINT = (
-    "; each env slot holds one session: serve the environment with max_concurrent_envs >= num_envs "
-    "(create_app(..., max_concurrent_envs=N), for an Environment with SUPPORTS_CONCURRENT_SESSIONS = True)"
-)
+_HINTS = {
+    "CAPACITY_REACHED": "; each env slot holds one session: serve the environment with max_concurrent_envs >= "
+    "num_envs (create_app(..., max_concurrent_envs=N), for an Environment with SUPPORTS_CONCURRENT_SESSIONS = True)",
+    # openenv-core 0.3.0 drops the factory's exception: neither its answer nor its log says what failed
+    "FACTORY_ERROR": "; the server could not build its environment (a download without network, a missing API key "
+    "or package?); openenv-core does not say why: build the Environment class by hand where the server runs",
+}
 
 
 def _openenv():
@@ -389,8 +395,7 @@ class OpenEnvPartner:
             code = re.search(r"\(code: (\w+)\)$", str(err))
             if code and code[1] in _SESSION_ENDED:
                 session.ended = f"the server ended it: {err}"
-                hint = _CAPACITY_HINT if code[1] == "CAPACITY_REACHED" else ""
-                return ConnectionError(f"{self.ws_url}/ws refused the session: {err}{hint}")
+                return ConnectionError(f"{self.ws_url}/ws refused the session: {err}{_HINTS.get(code[1], '')}")
             return RuntimeError(f"{self.http_url} answered with an error: {err}")
         session.ended = f"{type(err).__name__}: {err}"  # a dropped connection, a refused connect
         return ConnectionError(f"the connection to {self.ws_url}/ws failed ({type(err).__name__}: {err}); the "
