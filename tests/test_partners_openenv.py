@@ -12,6 +12,7 @@ import http.server
 import os
 import pickle
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -174,6 +175,35 @@ def test_a_copy_of_a_partner_is_a_new_session_on_the_same_server(server):
     partner.close()
     with pytest.raises(RuntimeError, match="is over .*or was never started.*reset\\(\\) starts one"):
         partner.reply([*conversation, {"role": "user", "content": "x"}, {"role": "assistant", "content": "2"}])
+
+
+def test_a_forked_child_does_not_use_its_parents_session_and_opens_its_own_at_reset(server):
+    partner = OpenEnvPartner(server.url)
+    partner.reset(seed=7, prompt="")
+    conversation = [{"role": "user", "content": "."}, {"role": "assistant", "content": "9"}]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what happened through the pipe, then leave without running pytest's exit
+        try:
+            try:
+                partner.reply(conversation)
+                out = "stepped on the parent's socket"
+            except ConnectionError as err:
+                out = str(err)
+            partner.reset(seed=7, prompt="")
+            out += " | " + repr(partner.reply(conversation))
+        except BaseException as err:
+            out = f"{type(err).__name__}: {err}"
+        os.write(write, out.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    assert re.search(rf"ended \(it belongs to process {os.getpid()}, not this fork\).* \| \('Turn 1: Lower\.'", out), (
+        out
+    )
+    assert partner.reply(conversation) == ("Turn 1: Lower.", 0.1, False)  # the parent's own game, untouched
 
 
 class Picky(OpenEnvPartner):

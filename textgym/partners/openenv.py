@@ -222,6 +222,11 @@ class _Session:
         # the late answer in the socket, read as the answer to the next message
         self.client = _client_class()(ws_url, connect_timeout_s=connect_timeout, message_timeout_s=None)
         self.ended: str | None = None  # why the server can no longer continue this session's episode
+        self.pid = os.getpid()
+
+    def lost(self) -> str | None:
+        """Why this session cannot go on here (None: it can): it ended, or it is a forked parent's socket."""
+        return self.ended or (f"it belongs to process {self.pid}, not this fork" if self.pid != os.getpid() else None)
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         """``client.<method>(*args, **kwargs)`` started on the loop; its future."""
@@ -315,7 +320,7 @@ class OpenEnvPartner:
         """
         with self._lock:
             session = self._sessions[0]
-            if session is None or session.ended or self._pending is not None:
+            if session is None or session.lost() or self._pending is not None:
                 if session is not None:
                     session.close()
                 session = self._sessions[0] = _Session(self.ws_url, self._options["connect_timeout"])
@@ -357,8 +362,8 @@ class OpenEnvPartner:
                 "was abandoned after a timeout; the server cannot undo it, so only that same turn can be retried "
                 "(or reset() starts a new episode)"
             )
-        if session is not None and session.ended:
-            raise ConnectionError(f"the session with {self.ws_url}/ws ended ({session.ended}); the server's episode "
+        if session is not None and session.lost():
+            raise ConnectionError(f"the session with {self.ws_url}/ws ended ({session.lost()}); the server's episode "
                                   "ended with it and cannot be resumed: reset() starts a new one")  # fmt: skip
         if session is None or self._over:
             raise RuntimeError(f"the episode on {self.http_url} is over (or was never started); reset() starts one")
