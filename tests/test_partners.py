@@ -130,7 +130,8 @@ def test_the_builtin_calculator_by_name():
         (
             "nope",
             ValueError,
-            r"partner='nope' is not a registered partner \(calculator, guess-the-number-10\), 'textarena:<GameId>'",
+            r"partner='nope' is not a registered partner \(calculator, guess-the-number-10\), an adapter's "
+            r"'<prefix><id>' \(textarena:, gem:, skyrl:, openenv:\)",
         ),
         ("nomodule_xyz:attr", ValueError, r"partner='nomodule_xyz:attr': module 'nomodule_xyz' cannot be imported"),
         (int, TypeError, r"partner=<class 'int'> built int, which has no reply\(\) method"),

@@ -23,7 +23,9 @@ one leaves it to the reward model (a verifier's ``verdicts``), and an episode wi
 2. an object with a callable ``reply``: the first slot gets the object, each later one a deep copy;
 3. a plain function ``f(conversation) -> (text, reward, done)``: one stateless partner all slots share;
 4. ``"<prefix>:<rest>"`` for another package's environments (:data:`ADAPTERS`): ``"textarena:<GameId>"``, a
-   TextArena single-player game (:class:`~textgym.partners.textarena.TextArenaPartner`);
+   TextArena single-player game (:class:`~textgym.partners.textarena.TextArenaPartner`); ``"gem:<env_id>"``,
+   GEM's (:mod:`textgym.partners.gem`); ``"skyrl:<env_id>"``, skyrl-gym's (:mod:`textgym.partners.skyrl`);
+   ``"openenv:<base_url>"``, an OpenEnv server's environment (:mod:`textgym.partners.openenv`);
 5. a built-in name (``"calculator"``, ``"guess-the-number-10"``: TextArena's GuessTheNumber over 1..10 in 4 guesses);
 6. ``"package.module:attr"``: the attribute, resolved as above;
 7. a name published by an installed package in the entry-point group ``textgym.partners``.
@@ -43,6 +45,7 @@ import numpy as np
 from textgym.errors import short_repr
 from textgym.imports import import_module_named
 from textgym.partners.gem import GEMPartner
+from textgym.partners.openenv import OpenEnvPartner
 from textgym.partners.skyrl import SkyRLPartner
 from textgym.partners.textarena import GuessTheNumber10, TextArenaPartner
 from textgym.partners.tools import Calculator
@@ -58,6 +61,7 @@ ADAPTERS: dict[str, tuple[type, str]] = {
     TEXTARENA_PREFIX: (TextArenaPartner, "TextArena games"),
     "gem:": (GEMPartner, "GEM environments"),
     "skyrl:": (SkyRLPartner, "skyrl-gym environments"),
+    "openenv:": (OpenEnvPartner, "OpenEnv environments"),
 }
 
 __all__ = [
@@ -78,7 +82,8 @@ _BUILTINS: dict[str, type] = {"calculator": Calculator, "guess-the-number-10": G
 
 _FORMS = (
     "a partner class, an object with a reply(conversation) method, a function f(conversation) -> "
-    "(text, reward, done), 'textarena:<GameId>', a 'package.module:attr' string or a registered name"
+    "(text, reward, done), 'textarena:<GameId>', 'gem:<env_id>', 'skyrl:<env_id>', 'openenv:<base_url>', "
+    "a 'package.module:attr' string or a registered name"
 )
 _REPLY_CONTRACT = "reply(conversation) must return (text: str, reward: finite real number, not bool, done: bool)"
 
@@ -168,7 +173,7 @@ def _from_string(text: str, name: str) -> Callable[[], Partner]:
     if not eps:
         raise ValueError(
             f"{name}={shown} is not a registered partner ({', '.join(available_partners())}), "
-            f"'textarena:<GameId>' or a 'package.module:attr' string"
+            f"an adapter's '<prefix><id>' ({', '.join(ADAPTERS)}) or a 'package.module:attr' string"
         )
     try:
         obj = eps[0].load()
