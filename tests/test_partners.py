@@ -386,8 +386,11 @@ def test_guess_the_number_hints_the_way_and_a_correct_guess_wins_reward_one():
         conversation.append({"role": "user", "content": text})
     assert (reward, done) == (1.0, True) and guess == game._env.game_number
     assert text == "[GAME] Congratulations! You guessed the correct number."
+    assert game.verdict()  # the game's own outcome, which evaluation's win_rate counts (issue 44.4)
     with pytest.raises(RuntimeError, match="is over"):
         game.reply(turn(conversation, "[1]"))
+    game.reset(seed=0, prompt="")
+    assert not game.verdict()  # a new game is not won yet
 
 
 def test_guess_the_number_same_seed_same_game_whatever_else_draws_from_random():

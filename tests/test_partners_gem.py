@@ -210,9 +210,12 @@ def test_gems_reasoning_gym_envs_run_on_reasoning_gym_0_1_25_as_one_turn_tasks(l
     expression = re.fullmatch(r"Calculate (.+)\.", question).group(1)
     answer = int(eval(expression))  # the dataset's own expression; its divisions are exact
     opening = [{"role": "user", "content": question}]
+    assert not game.verdict()  # nothing answered yet
     assert game.reply([*opening, {"role": "assistant", "content": f"so \\boxed{{{answer}}}"}]) == ("", 1.0, True)
+    assert game.verdict()
     game.reset(seed=4, prompt="")
     assert game.reply([*opening, {"role": "assistant", "content": f"\\boxed{{{answer + 1}}}"}]) == ("", 0.0, True)
+    assert not game.verdict()
     env = make(long_lm, partner="gem:rg:basic_arithmetic", max_new_tokens=40)
     _, infos = play_turns(env, [f"\\boxed{{{answer}}}"], seed=0, options={"partner_seed": 4})
     assert infos[0]["prompt"] == question and infos[-1]["done"] and float(infos[-1]["turn_reward_sum"]) == 1.0

@@ -62,6 +62,7 @@ def test_a_one_turn_skyrl_env_pays_its_verdict_for_the_seeds_problem_and_ends(en
         _, infos = play_turns(env, [turn], seed=0, options={"partner_seed": 5})
         last = infos[-1]
         assert last["done"] and int(last["turns"]) == 1 and float(last["turn_reward_sum"]) == reward
+        assert float(last["verdict"]) == float(reward == 1.0)  # the task's own verdict: evaluation's win_rate
         assert last["reply"] == "" and infos[0]["prompt"] == arithmetic_row(env_id, 5)["prompt"][0]["content"]
 
 
@@ -72,7 +73,7 @@ def test_gsm8k_multi_turn_pays_each_turn_asks_again_and_ends_on_the_right_answer
     assert [float(i["turn_reward"]) for i in turns] == [0.2 / 5, 0.0, 1.0]  # format score / max_turns, 0, right
     assert [i["done"] for i in turns] == [False, False, True] and int(turns[-1]["turns"]) == 3
     assert turns[0]["reply"].startswith("Please provide your step-by-step reasoning")
-    assert float(turns[-1]["turn_reward_sum"]) == pytest.approx(1.04)
+    assert float(turns[-1]["turn_reward_sum"]) == pytest.approx(1.04) and float(turns[-1]["verdict"]) == 1.0
 
 
 def test_the_same_seed_gives_the_same_episode_and_seeds_choose_the_problem():

@@ -211,6 +211,12 @@ class GEMPartner:
         self._last, self._over = (key, result), result[2]
         return result
 
+    def verdict(self) -> bool:
+        """Whether the episode ended solved: GEM pays ``LanguageGameReward.success_reward`` (1.0) on the step
+        that completes a game, and a reasoning-gym task's full credit is 1.0; an episode cut before its end
+        was not solved."""
+        return self._last is not None and self._last[1][2] and self._last[1][1] >= 1.0
+
     def _step(self, action: str) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         """GEM's ``step``; for a reasoning-gym task, an answer whose scorer raises scores 0 and ends the episode.
 

@@ -179,6 +179,12 @@ class SkyRLPartner:
             self._env = None
         return result
 
+    def verdict(self) -> bool:
+        """Whether the episode ended solved: skyrl-gym's offline envs pay 1.0 for the right answer on the step
+        that ends it (gsm8k 1/0, aime 1/−1, gsm8k_multi_turn 1 after its format rewards); an episode cut
+        before its end was not solved."""
+        return self._last is not None and self._last[1][2] and self._last[1][1] >= 1.0
+
     def _build(self, row: dict[str, Any], where: str) -> tuple[Any, str]:
         """``skyrl_gym.make`` with the row's extras, ``init`` with its prompt: the env and the opening text."""
         opening = _opening(row["prompt"], where)
