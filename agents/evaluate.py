@@ -198,11 +198,9 @@ def evaluate(
         autocast: the context the policy's forwards run under (a training run's periodic evaluation
             passes its own, so the policy is measured in the precision it samples in during training;
             π_ref and the reward model in the env keep theirs).
-        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the env's eval split;
-            ``model`` is π_ref), and ``env_id`` (default ``"TextRLHF-v0"``). A ``policy`` folder
-            saved by ``textgym train`` brings the settings it was trained with
-            (:func:`run_settings`: its env, β, length cap, π_ref, RM); the arguments given here
-            override them.
+        env_kwargs: further ``gym.make`` arguments (``prompts`` defaults to the env's eval split; ``model`` is
+            π_ref), and ``env_id`` (default ``"TextRLHF-v0"``). A ``policy`` folder saved by ``textgym train``
+            brings the settings it was trained with (:func:`run_settings`), which these override.
 
     KL to π_ref per sequence is Σ_t log π(a_t|s_t) − log π_ref(a_t|s_t) over the sampled tokens
     (the k1 estimate, unbiased under π); the objective is the return the env pays, score − missing-EOS
@@ -212,10 +210,9 @@ def evaluate(
         ``rm_score``, ``score`` (normalised), ``missing_eos_penalty`` (0 or the penalty), ``gold_score``,
         ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
         of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
-        ``samples``: the first episodes' prompt, response and scores. Where the task gives a verdict (a
-        game's outcome through its partner's ``verdict()``, a verifier's ``verdicts``): ``win_rate`` over the
-        ``judged_episodes``, ``win_rate_ci95`` (Wilson). ``eos_penalty`` (−missing_eos_penalty) and
-        ``success``/``success_ci95`` (win_rate's) are the deprecated names (issue 43), still written for one version.
+        ``samples``: the first episodes' prompt, response and scores; ``win_rate`` and the rest of
+        :func:`_win_rate` where the task gives verdicts. ``eos_penalty`` (−missing_eos_penalty) and
+        ``success``/``success_ci95`` (win_rate's) are deprecated names (issue 43), written for one version.
     """
     run_of = policy if run_of is None else run_of
     env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)

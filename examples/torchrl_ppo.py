@@ -75,7 +75,7 @@ class LastTokenValue(nn.Module):
         return out if input_ids.dim() == 2 else out[0]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--frames", type=int, default=4096, help="env steps (tokens) in all")
     parser.add_argument("--frames-per-batch", type=int, default=512)
@@ -85,7 +85,11 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.05)
     parser.add_argument("--lr", type=float, default=3e-5)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.manual_seed(args.seed)
 
     # -- the env, as TorchRL wraps any Gymnasium env; the scores come in through TorchRL's info reader

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import textgym  # noqa: F401  (registers the ids)
-from tests.long_lm import build_long_lm
+from tests.long_lm import build_long_lm, play_turns
 from textgym.partners import PartnerError, make_partner
 from textgym.partners.gem import REFUSED, GEMPartner, offline_ids
 
@@ -31,19 +31,6 @@ def long_lm(tmp_path_factory):
 def make(long_lm, partner=f"gem:{GAME}", **kwargs):
     args = {"model": long_lm, "max_turn_tokens": 12, "max_new_tokens": 160, "kl_coef": 0.1, **kwargs}
     return gym.make("TextMultiTurn-v0", partner=partner, **args)
-
-
-def play_turns(env, turns, **reset_kwargs):
-    """Reset, then write each text of ``turns`` as the policy's tokens and end the turn with EOS; the step infos."""
-    obs, info = env.reset(**reset_kwargs)
-    tok, infos = env.unwrapped.tokenizer, [info]
-    for text in turns:
-        for a in [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]:
-            obs, reward, done, truncated, info = env.step(a)
-            infos.append({**info, "reward": reward, "done": done})
-            if done:
-                return obs, infos
-    return obs, infos
 
 
 def direct(env_id, seed, turns):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import textgym  # noqa: F401  (registers the ids)
-from tests.long_lm import build_long_lm
+from tests.long_lm import build_long_lm, play_turns
 from textgym.partners import make_partner
 from textgym.partners.skyrl import OFFLINE_ENVS, REFUSED, SkyRLPartner, arithmetic_row
 
@@ -20,23 +20,6 @@ from textgym.partners.skyrl import OFFLINE_ENVS, REFUSED, SkyRLPartner, arithmet
 def make(partner="skyrl:gsm8k", **kwargs):
     args = {"max_turn_tokens": 10, "max_new_tokens": 60, "kl_coef": 0.1, **kwargs}
     return gym.make("TextMultiTurn-v0", partner=partner, **args)
-
-
-def play_turns(env, turns, **reset_kwargs):
-    """Reset, then write each text of ``turns`` as the policy's tokens and end the turn with EOS; the step infos.
-
-    A turn given as a function gets the opening and returns the text (an answer computed from the problem).
-    """
-    obs, info = env.reset(**reset_kwargs)
-    tok, infos = env.unwrapped.tokenizer, [info]
-    for turn in turns:
-        text = turn(info["prompt"]) if callable(turn) else turn
-        for a in [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]:
-            obs, reward, done, truncated, info_t = env.step(a)
-            infos.append({**info_t, "reward": reward, "done": done})
-            if done:
-                return obs, infos
-    return obs, infos
 
 
 def solved(opening: str) -> int:

@@ -32,13 +32,15 @@ from tensordict import NonTensorStack, TensorDict
 
 __all__ = ["FINAL_INFO_KEYS", "collect_episodes", "episode_score", "make_episode_envs", "paid_score", "sequence_kl"]
 
-# Per-episode results copied from the env's last-step info, with their dtypes.
-# ``eos_penalty`` (= −missing_eos_penalty) is the name before issue 43, kept for one version.
+# Per-episode results copied from the env's last-step info, with their dtypes: ``missing_eos_penalty`` is 0 or the
+# penalty subtracted (``eos_penalty``, its negative, is the name before issue 43, kept for one version);
+# ``verdict`` the task's own (1.0 won or solved, 0.0 not, NaN: the task gives none); ``response_length`` counts
+# the policy's tokens.
 FINAL_INFO_KEYS = {"rm_score": np.float64, "score_reward": np.float64, "missing_eos_penalty": np.float64,
                    "eos_penalty": np.float64, "gold_score": np.float64, "verdict": np.float64,
                    "response_length": np.int64, "length_capped": np.bool_}  # fmt: skip
 # ... and those of a conversation (TextMultiTurn-v0), with what a single-turn episode has instead: one turn, no
-# partner reward, its response the whole conversation.
+# partner reward (``turn_reward_sum``: a partner's rewards), its response the whole conversation.
 TURN_INFO_KEYS = {"turns": (np.int64, 1), "turn_reward_sum": (np.float64, 0.0)}
 
 
@@ -128,13 +130,9 @@ def collect_episodes(
         ``action``, ``sample_log_prob``, ``ref_logprob``, ``env_reward``, ``mask`` ``(B, T)`` by response
         column (observation column ``max_prompt_tokens + t``); ``mask`` is True on the policy's tokens (a
         partner's replies are observation: mask False, reward 0); ``turn_reward`` ``(B, T)`` float64, a partner's
-        reward of each turn on the turn's last token (0 elsewhere, and everywhere without a partner), ``turn_end``
-        ``(B, T)`` True there (a turn paid 0 is still seen); ``kept`` ``(B, T, W)`` uint8 when the policy
-        returns kept sets; ``rm_score``, ``score_reward``, ``missing_eos_penalty`` (0, or the penalty
-        subtracted; ``eos_penalty``, its negative, is the deprecated name kept for one version), ``gold_score``,
-        ``verdict`` (the task's own: 1.0 solved or won, 0.0 not, NaN when the task gives none),
-        ``response_length`` (the policy's tokens), ``length_capped``, ``turns``, ``turn_reward_sum`` (a partner's
-        rewards; 0 without one) ``(B,)``; ``prompt``, ``response`` text, and
+        reward of each turn on its last token, ``turn_end`` ``(B, T)`` True there; ``kept`` ``(B, T, W)`` uint8
+        when the policy returns kept sets; the final infos of :data:`FINAL_INFO_KEYS` and :data:`TURN_INFO_KEYS`
+        ``(B,)``; ``prompt``, ``response`` text, and
         in a conversation its ``transcript`` (:func:`transcript`): ``td["response"]`` is a list of B str (tensordict's
         ``LinkedList``: an item set on it is written back into ``td``), ``td.get("response").tolist()`` a plain list.
     """
