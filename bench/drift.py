@@ -15,7 +15,8 @@ written as JSON, never asserted:
 
 Usage::
 
-    python bench/drift.py --task both --episodes 128 --seed 0 --out docs/bench/drift/drift.json
+    python bench/drift.py --task both --episodes 80 --seed 0 --out docs/bench/drift/drift.json
+    python bench/drift.py --table docs/bench/drift/drift.json   # the markdown table of docs/multi-turn.md
 """
 
 from __future__ import annotations
@@ -223,6 +224,46 @@ def report(task: str, r: dict) -> None:
               f"min {r['phantom_end_logprob_min']:.2f}")  # fmt: skip
 
 
+def _cell(s: dict | None, *keys: str) -> str:
+    """A table cell: ``keys`` of the ratio statistics ``s`` (``-`` when there were no tokens)."""
+    if s is None:
+        return "-"
+    shown = {"tokens": "{:d}", "abs_delta_mean": "{:.2e}", "abs_delta_max": "{:.2e}",
+             "abs_ratio_minus_1_mean": "{:.2e}", "outside_clip_share": "{:.1%}", "ratio_min": "{:.3g}",
+             "ratio_max": "{:.3g}"}  # fmt: skip
+    return " / ".join(shown[k].format(s[k]) for k in keys)
+
+
+def table(results: dict) -> str:
+    """The docs' markdown table of a written JSON, one column per task: the numbers are never typed by hand."""
+    tasks = results["tasks"]
+    rows = [("episodes / policy turns", lambda r: f"{r['episodes']} / {r['turns']}"),
+            ("turns whose re-tokenised ids differ (Wilson 95 %)", lambda r: "{:.1%} [{:.1%}, {:.1%}]".format(
+                r["turns_differing_share"], *r["turns_differing_wilson95"])),
+            ("… beyond the end token (the text re-tokenised otherwise)", lambda r: str(r["body_differs"]))]  # fmt: skip
+    rows += [(f"cause: `{c}`", lambda r, c=c: str(r["causes"][c])) for c in next(iter(tasks.values()))["causes"]]
+    rows += [("policy tokens sampled / without an aligned re-tokenised token",
+              lambda r: f"{r['tokens_sampled']} / {r['tokens_unaligned']}"),
+             ("log π of the end token added to cut turns: mean / min", lambda r: "-" if r["phantom_end_logprob_mean"]
+              is None else f"{r['phantom_end_logprob_mean']:.2f} / {r['phantom_end_logprob_min']:.2f}"),
+             ("aligned tokens: n / mean abs Δ / max abs Δ",
+              lambda r: _cell(r["tokens_aligned"], "tokens", "abs_delta_mean", "abs_delta_max")),
+             ("aligned tokens: mean abs(ratio − 1) / outside [0.8, 1.2] / max ratio",
+              lambda r: _cell(r["tokens_aligned"], "abs_ratio_minus_1_mean", "outside_clip_share", "ratio_max")),
+             ("… after an earlier turn drifted: n / mean abs Δ / outside clip / ratio min / max",
+              lambda r: _cell(r["tokens_aligned_context_differs"], "tokens", "abs_delta_mean", "outside_clip_share",
+                              "ratio_min", "ratio_max")),
+             ("turns whose text drifted: n / mean / max abs Δ of the turn's Σ log π",
+              lambda r: _cell(r["turns_sum_body_differs"], "tokens", "abs_delta_mean", "abs_delta_max")),
+             ("noise: same ids and context, two forwards: n / max abs Δ",
+              lambda r: _cell(r["tokens_aligned_same_context"], "tokens", "abs_delta_max")),
+             ("noise: sampler's cached decode vs teacher-forced: mean / max abs Δ",
+              lambda r: _cell(r["noise_sampler_vs_teacher_forced"], "abs_delta_mean", "abs_delta_max"))]  # fmt: skip
+    lines = ["| | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    lines += [f"| {name} | " + " | ".join(f(r) for r in tasks.values()) + " |" for name, f in rows]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=128, help="episodes per task")
@@ -233,7 +274,11 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16, help="episode slots sampled together")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
+    parser.add_argument("--table", type=Path, default=None, help="only print the markdown table of this JSON")
     args = parser.parse_args()
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return
     torch.set_num_threads(args.threads)
     results = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "clip": CLIP, "tasks": {}}
     print(json.dumps(results["machine"]))
