@@ -16,7 +16,9 @@ written as JSON, never asserted:
 Usage::
 
     python bench/drift.py --task both --episodes 80 --seed 0 --out docs/bench/drift/drift.json
-    python bench/drift.py --table docs/bench/drift/drift.json   # the markdown table of docs/multi-turn.md
+    python bench/drift.py --task calculator --calculator-prompt example --episodes 160 --seed 0 \\
+        --out docs/bench/drift/calculator-example.json
+    python bench/drift.py --table docs/bench/drift/drift.json docs/bench/drift/calculator-example.json
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 GUESS_PRESET = ROOT / "agents" / "ppo" / "presets" / "smollm2-guess-ppo.json"
 ENV_KEYS = ("model", "chat_template", "partner", "max_turn_tokens", "max_turns", "max_new_tokens")
-CALC_PROMPT = ("What is {a} * {b} + {c}? You have a calculator: write <calc>EXPRESSION</calc> and it answers "
-               "<result>VALUE</result>. When you know the answer, reply with the number only.")  # fmt: skip
+CALC_PROMPTS = {  # the calculator's question: plainly, or with a worked call (π_ref then calls the tool sometimes)
+    "plain": "What is {a} * {b} + {c}? You have a calculator: write <calc>EXPRESSION</calc> and it answers "
+             "<result>VALUE</result>. When you know the answer, reply with the number only.",
+    "example": "Use the calculator to compute {a} * {b} + {c}. To use it, write <calc>EXPRESSION</calc>, for example "
+               "<calc>12 * 34 + 5</calc>, and it answers <result>VALUE</result>. Then reply with the number only.",
+}  # fmt: skip
 CLIP = 0.2  # PPO's clip range [0.8, 1.2]
 
 
@@ -51,21 +57,21 @@ def env_settings(task: str) -> dict:
             "max_turns": 4, "max_new_tokens": 320, "max_prompt_tokens": 112}  # fmt: skip
 
 
-def calculator_prompts(n: int, seed: int) -> list[str]:
+def calculator_prompts(n: int, seed: int, wording: str = "plain") -> list[str]:
     """``n`` seeded multi-step problems (a 3-digit product plus a sum) π_ref rarely solves without the tool."""
     rng = np.random.default_rng(seed)
-    return [CALC_PROMPT.format(a=rng.integers(100, 1000), b=rng.integers(10, 100), c=rng.integers(100, 1000))
+    return [CALC_PROMPTS[wording].format(a=rng.integers(100, 1000), b=rng.integers(10, 100), c=rng.integers(100, 1000))
             for _ in range(n)]  # fmt: skip
 
 
-def collect(task: str, episodes: int, num_envs: int, seed: int):
+def collect(task: str, episodes: int, num_envs: int, seed: int, wording: str = "plain"):
     """``episodes`` episodes of π_ref on ``task``, in batches of ``num_envs`` slots; (envs, list of TensorDicts)."""
     from textgym.episodes import collect_episodes, make_episode_envs
     from textgym.policies import LMSampler
 
     envs = make_episode_envs("TextMultiTurn-v0", num_envs, **env_settings(task))
     sampler = LMSampler.for_env(envs.unwrapped.model, envs, temperature=1.0, seed=seed)
-    prompts = calculator_prompts(episodes, seed) if task == "calculator" else None
+    prompts = calculator_prompts(episodes, seed, wording) if task == "calculator" else None
     batches = []
     for start in range(0, episodes, num_envs):
         k = min(num_envs, episodes - start)
@@ -166,10 +172,10 @@ def summarise(turns: list[dict], noise: torch.Tensor, episodes: int) -> dict:
             "noise_sampler_vs_teacher_forced": ratio_stats(noise, CLIP)}  # fmt: skip
 
 
-def run_task(task: str, episodes: int, num_envs: int, seed: int) -> dict:
+def run_task(task: str, episodes: int, num_envs: int, seed: int, wording: str = "plain") -> dict:
     """Collect, compare and summarise one task; with its timings."""
     start = time.perf_counter()
-    envs, batches = collect(task, episodes, num_envs, seed)
+    envs, batches = collect(task, episodes, num_envs, seed, wording)
     sampled = time.perf_counter()
     base, turns, noise = envs.unwrapped, [], []
     for td in batches:
@@ -181,6 +187,8 @@ def run_task(task: str, episodes: int, num_envs: int, seed: int) -> dict:
     envs.close()
     out = summarise(turns, torch.cat(noise), episodes)
     out["env"] = env_settings(task)
+    if task == "calculator":
+        out["prompt"] = CALC_PROMPTS[wording]
     out["seconds"] = {"sampling": sampled - start, "comparing": time.perf_counter() - sampled}
     return out
 
@@ -234,9 +242,8 @@ def _cell(s: dict | None, *keys: str) -> str:
     return " / ".join(shown[k].format(s[k]) for k in keys)
 
 
-def table(results: dict) -> str:
-    """The docs' markdown table of a written JSON, one column per task: the numbers are never typed by hand."""
-    tasks = results["tasks"]
+def table(tasks: dict[str, dict]) -> str:
+    """The docs' markdown table of written results ``{column: a task's numbers}``: never typed by hand."""
     rows = [("episodes / policy turns", lambda r: f"{r['episodes']} / {r['turns']}"),
             ("turns whose re-tokenised ids differ (Wilson 95 %)", lambda r: "{:.1%} [{:.1%}, {:.1%}]".format(
                 r["turns_differing_share"], *r["turns_differing_wilson95"])),
@@ -250,7 +257,7 @@ def table(results: dict) -> str:
               lambda r: _cell(r["tokens_aligned"], "tokens", "abs_delta_mean", "abs_delta_max")),
              ("aligned tokens: mean abs(ratio − 1) / outside [0.8, 1.2] / max ratio",
               lambda r: _cell(r["tokens_aligned"], "abs_ratio_minus_1_mean", "outside_clip_share", "ratio_max")),
-             ("… after an earlier turn drifted: n / mean abs Δ / outside clip / ratio min / max",
+             ("… whose context drifted (earlier in the turn or before): n / mean abs Δ / outside clip / ratio range",
               lambda r: _cell(r["tokens_aligned_context_differs"], "tokens", "abs_delta_mean", "outside_clip_share",
                               "ratio_min", "ratio_max")),
              ("turns whose text drifted: n / mean / max abs Δ of the turn's Σ log π",
@@ -274,16 +281,18 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16, help="episode slots sampled together")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
-    parser.add_argument("--table", type=Path, default=None, help="only print the markdown table of this JSON")
+    parser.add_argument("--calculator-prompt", choices=sorted(CALC_PROMPTS), default="plain", help="its wording")
+    parser.add_argument("--table", type=Path, nargs="+", default=None,
+                        help="only print the markdown table of these JSONs (a column per file and task)")  # fmt: skip
     args = parser.parse_args()
     if args.table is not None:
-        print(table(json.loads(args.table.read_text())))
+        print(table({f"{t} ({p.stem})": r for p in args.table for t, r in json.loads(p.read_text())["tasks"].items()}))
         return
     torch.set_num_threads(args.threads)
     results = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "clip": CLIP, "tasks": {}}
     print(json.dumps(results["machine"]))
     for task in ("guess", "calculator") if args.task == "both" else (args.task,):
-        results["tasks"][task] = r = run_task(task, args.episodes, args.num_envs, args.seed)
+        results["tasks"][task] = r = run_task(task, args.episodes, args.num_envs, args.seed, args.calculator_prompt)
         report(task, r)
     results["machine"]["load_at_end"] = os.getloadavg()
     if args.out is not None:
