@@ -46,6 +46,7 @@ CALC_PROMPTS = {  # the calculator's question: plainly, or with a worked call (Ï
                "<calc>12 * 34 + 5</calc>, and it answers <result>VALUE</result>. Then reply with the number only.",
 }  # fmt: skip
 CLIP = 0.2  # PPO's clip range [0.8, 1.2]
+EXAMPLES = 8  # turns whose text re-tokenised otherwise, kept in the JSON as (sampled, re-tokenised) token strings
 
 
 def env_settings(task: str) -> dict:
@@ -134,7 +135,8 @@ def compare_turns(tok, rec: dict) -> list[dict]:
         other = [not (pe == pr and pe <= diverge) for pe, pr in pairs]
         added = "no_end_token" in causes and r[-1:] == [rec["end_id"]]  # the end token the trainer adds to a cut turn
         end = rt.end - 1 if added else rt.end
-        out.append({"causes": causes, "delta": delta, "same_context": same, "context_differs": other,
+        shown = {"sampled": tok.convert_ids_to_tokens(s), "retokenized": tok.convert_ids_to_tokens(r), "causes": causes}
+        out.append({"causes": causes, "delta": delta, "same_context": same, "context_differs": other, "shown": shown,
                     "phantom_end_logprob": float(rec["retok_lp"][rt.end - 2]) if added else None,
                     "unaligned": len(s) - p - q, "exact_sum": float(rec["exact_lp"][n0 + a - 1 : n0 + b - 1].sum()),
                     "retok_sum": float(rec["retok_lp"][rt.start - 1 : end - 1].sum())})  # fmt: skip
@@ -169,7 +171,8 @@ def summarise(turns: list[dict], noise: torch.Tensor, episodes: int) -> dict:
             "turns_sum_body_differs": ratio_stats(turn_delta[body], CLIP) if body.any() else None,
             "phantom_end_logprob_mean": float(np.mean(phantom)) if phantom else None,
             "phantom_end_logprob_min": float(np.min(phantom)) if phantom else None,
-            "noise_sampler_vs_teacher_forced": ratio_stats(noise, CLIP)}  # fmt: skip
+            "noise_sampler_vs_teacher_forced": ratio_stats(noise, CLIP),
+            "examples": [t["shown"] for t in turns if any(c != "no_end_token" for c in t["causes"])][:EXAMPLES]}  # fmt: skip
 
 
 def run_task(task: str, episodes: int, num_envs: int, seed: int, wording: str = "plain") -> dict:
