@@ -172,7 +172,7 @@ def summarise(turns: list[dict], noise: torch.Tensor, episodes: int) -> dict:
             "phantom_end_logprob_mean": float(np.mean(phantom)) if phantom else None,
             "phantom_end_logprob_min": float(np.min(phantom)) if phantom else None,
             "noise_sampler_vs_teacher_forced": ratio_stats(noise, CLIP),
-            "examples": [t["shown"] for t in turns if any(c != "no_end_token" for c in t["causes"])][:EXAMPLES]}  # fmt: skip
+            "examples": [t["shown"] for t, b in zip(turns, body.tolist(), strict=True) if b][:EXAMPLES]}  # fmt: skip
 
 
 def run_task(task: str, episodes: int, num_envs: int, seed: int, wording: str = "plain") -> dict:
