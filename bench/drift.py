@@ -245,6 +245,17 @@ def _cell(s: dict | None, *keys: str) -> str:
     return " / ".join(shown[k].format(s[k]) for k in keys)
 
 
+def columns(paths: list[Path]) -> dict[str, dict]:
+    """The tasks of written JSON files as table columns, the calculator's named by its prompt's wording."""
+    out = {}
+    for path in paths:
+        results = json.loads(path.read_text())
+        wording = results["args"].get("calculator_prompt", "plain")  # runs before the option asked plainly
+        for task, r in results["tasks"].items():
+            out[task if task == "guess" else f"{task}, {wording} prompt"] = r
+    return out
+
+
 def table(tasks: dict[str, dict]) -> str:
     """The docs' markdown table of written results ``{column: a task's numbers}``: never typed by hand."""
     rows = [("episodes / policy turns", lambda r: f"{r['episodes']} / {r['turns']}"),
@@ -289,7 +300,7 @@ def main() -> None:
                         help="only print the markdown table of these JSONs (a column per file and task)")  # fmt: skip
     args = parser.parse_args()
     if args.table is not None:
-        print(table({f"{t} ({p.stem})": r for p in args.table for t, r in json.loads(p.read_text())["tasks"].items()}))
+        print(table(columns(args.table)))
         return
     torch.set_num_threads(args.threads)
     results = {"machine": _machine(), "args": {k: str(v) for k, v in vars(args).items()}, "clip": CLIP, "tasks": {}}
