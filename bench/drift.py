@@ -18,7 +18,9 @@ Usage::
     python bench/drift.py --task both --episodes 80 --seed 0 --out docs/bench/drift/drift.json
     python bench/drift.py --task calculator --calculator-prompt example --episodes 160 --seed 0 \\
         --out docs/bench/drift/calculator-example.json
-    python bench/drift.py --table docs/bench/drift/drift.json docs/bench/drift/calculator-example.json
+    python bench/drift.py --task guess --episodes 96 --seed 0 --out docs/bench/drift/guess.json
+    python bench/drift.py --table docs/bench/drift/guess.json docs/bench/drift/drift.json:calculator \\
+        docs/bench/drift/calculator-example.json  # the table of docs/multi-turn.md
 """
 
 from __future__ import annotations
@@ -245,14 +247,17 @@ def _cell(s: dict | None, *keys: str) -> str:
     return " / ".join(shown[k].format(s[k]) for k in keys)
 
 
-def columns(paths: list[Path]) -> dict[str, dict]:
-    """The tasks of written JSON files as table columns, the calculator's named by its prompt's wording."""
+def columns(sources: list[str], root: Path = Path()) -> dict[str, dict]:
+    """The tasks of written JSON files (``PATH`` or ``PATH:TASK``, relative to ``root``) as table columns, the
+    calculator's named by its prompt's wording."""
     out = {}
-    for path in paths:
-        results = json.loads(path.read_text())
+    for source in sources:
+        path, _, only = source.partition(":")
+        results = json.loads((root / path).read_text())
         wording = results["args"].get("calculator_prompt", "plain")  # runs before the option asked plainly
         for task, r in results["tasks"].items():
-            out[task if task == "guess" else f"{task}, {wording} prompt"] = r
+            if only in ("", task):
+                out[task if task == "guess" else f"{task}, {wording} prompt"] = r
     return out
 
 
@@ -296,7 +301,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--out", type=Path, default=None, help="write the numbers as JSON here")
     parser.add_argument("--calculator-prompt", choices=sorted(CALC_PROMPTS), default="plain", help="its wording")
-    parser.add_argument("--table", type=Path, nargs="+", default=None,
+    parser.add_argument("--table", nargs="+", default=None, metavar="PATH[:TASK]",
                         help="only print the markdown table of these JSONs (a column per file and task)")  # fmt: skip
     args = parser.parse_args()
     if args.table is not None:

@@ -7,6 +7,7 @@ tokenizer never writes, a merge across the template's edge, a turn cut without i
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -117,3 +118,19 @@ def test_special_tokens_and_broken_bytes_are_lost_in_decoding(tok):
         "no_end_token",
         "invalid_utf8",
     )
+
+
+def test_the_docs_drift_table_is_printed_from_its_json_files():
+    """The table in docs/multi-turn.md is ``bench/drift.py --table`` of the committed runs, never typed by hand."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("drift_bench", root / "bench" / "drift.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    page = (root / "docs" / "multi-turn.md").read_text()
+    files = re.search(r"bench/drift\.py --table ((?:docs/bench/drift/[\w.-]+\.json(?::\w+)?[ \\\n]*)+)", page)
+    assert files, "docs/multi-turn.md names the JSON files of its drift table"
+    sources = [f for f in files.group(1).split() if f != "\\"]
+    assert bench.table(bench.columns(sources, root)) in page

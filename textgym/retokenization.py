@@ -35,6 +35,7 @@ __all__ = [
     "policy_turns",
     "ratio_stats",
     "retokenize",
+    "teacher_forced_logprobs",
     "turn_text",
 ]
 
