@@ -1,0 +1,78 @@
+"""A reasoning-gym dataset's own checker as the reward model: ``reward_model="reasoning-gym:<dataset>"``.
+
+The spec, the splits and their regeneration are :mod:`textgym.reasoning_gym_task`'s; this is the reward model
+that pays ``score_answer`` for the entry whose question is the episode's prompt, and says which episodes solved it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from textgym.reasoning_gym_task import (
+    EVAL_SEED,
+    EVAL_SIZE,
+    TRAIN_SEED,
+    TRAIN_SIZE,
+    dataset_object,
+    parse_spec,
+    split_entries,
+)
+from textgym.rewards.base import Episodes
+
+__all__ = ["ReasoningGymVerifier"]
+
+
+class ReasoningGymVerifier:
+    """A reasoning-gym dataset's ``score_answer`` as the reward model; its verdict is full credit.
+
+    Args:
+        spec: ``"reasoning-gym:<dataset>[?options]"`` (a ``:eval`` is the same verifier: it knows both splits).
+        argument: the argument named in errors (``reward_model`` or ``gold_scorer``).
+
+    Raises:
+        ValueError: a bad spec; at scoring, a prompt that is no question of either split (naming it).
+    """
+
+    shares_tokenizer = False
+
+    def __init__(self, spec: str, argument: str = "reward_model"):
+        parsed = parse_spec(spec, argument)
+        self.spec = parsed._replace(split="train")
+        self.name = self.spec.name()
+        self.argument = argument
+        self._data = dataset_object(self.spec)  # its score_answer
+        entries = [*split_entries(self.spec), *split_entries(self.spec._replace(split="eval"))]
+        self._entries = {e["question"]: e for e in entries}
+
+    def entry(self, prompt: str) -> dict:
+        """The dataset entry whose question is ``prompt``, or one ValueError naming the prompt and the spec."""
+        entry = self._entries.get(prompt)
+        if entry is None:
+            raise ValueError(
+                f"{self.argument}={self.name!r}: prompt={prompt[:80]!r} is no question of its train split (seed "
+                f"{TRAIN_SEED}, {TRAIN_SIZE} draws) or eval split (seed {EVAL_SEED}, {EVAL_SIZE} draws); give "
+                f"prompts={self.name!r} or {self.spec._replace(split='eval').name()!r}, with the same options"
+            )
+        return entry
+
+    def scores(self, prompts: list[str], responses: list[str]) -> np.ndarray:
+        """``(B,)`` float64: ``score_answer(response.strip(), entry)``; a scorer that raises scores 0.
+
+        Why catch: some reasoning-gym scorers raise on an answer they cannot parse instead of scoring it 0
+        (0.1.25: boxnet, game_of_life, prime_factorization); a policy's malformed answer is a wrong answer.
+        """
+        out = np.zeros(len(prompts), dtype=np.float64)
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            entry = self.entry(prompt)
+            try:
+                out[i] = float(self._data.score_answer(response.strip(), entry))
+            except Exception:  # noqa: BLE001 (see the docstring)
+                out[i] = 0.0
+        return out
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        return self.scores(episodes.prompts, episodes.responses)
+
+    def verdicts(self, episodes: Episodes) -> np.ndarray:
+        """``(B,)`` bool: the answer got full credit (score 1.0); partial credit is not a solve."""
+        return self.scores(episodes.prompts, episodes.responses) >= 1.0
