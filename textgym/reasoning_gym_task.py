@@ -78,7 +78,7 @@ def _reasoning_gym():
         import reasoning_gym
     except ImportError as err:
         raise ImportError(f"reasoning-gym tasks need the reasoning-gym package ({err}); install it with: "
-                          "pip install reasoning-gym  (or pip install 'textgym[reasoning-gym]')") from err  # fmt: skip
+                          "pip install reasoning-gym (or 'textgym[reasoning-gym]')") from err  # fmt: skip
     return reasoning_gym
 
 
