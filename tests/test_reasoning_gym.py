@@ -104,6 +104,17 @@ def test_evaluate_reports_the_verdicts_win_rate_on_the_held_out_split():
     assert result["samples"][0]["prompt"] == load_prompts(EVAL)[0]
 
 
+def test_a_saved_policys_run_info_may_name_a_reasoning_gym_verifier_but_not_a_module(tmp_path):
+    """A run trained on the names is evaluated from its folder alone; a ``module:attr`` there is still refused."""
+    from textgym.agents.evaluate import RUN_INFO, run_settings
+
+    (tmp_path / RUN_INFO).write_text(json.dumps({"env_id": "TextRLHF-v0", "reward_model": SPEC, "eval_prompts": EVAL}))
+    assert run_settings(str(tmp_path)) == {"env_id": "TextRLHF-v0", "reward_model": SPEC, "eval_prompts": EVAL}
+    (tmp_path / RUN_INFO).write_text(json.dumps({"env_id": "TextRLHF-v0", "reward_model": "mymodule:score"}))
+    with pytest.raises(ValueError, match=r"reward_model='mymodule:score', a 'module:attr' that would be imported"):
+        run_settings(str(tmp_path))
+
+
 # ---------------------------------------------------------------- one clear error per wrong name
 
 
