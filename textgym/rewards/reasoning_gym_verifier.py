@@ -43,6 +43,7 @@ class ReasoningGymVerifier:
         self._data = dataset_object(self.spec)  # its score_answer
         entries = [*split_entries(self.spec), *split_entries(self.spec._replace(split="eval"))]
         self._entries = {e["question"]: e for e in entries}
+        self._last: tuple[tuple, np.ndarray] | None = None  # the last batch's scores: verdicts follows score
 
     def entry(self, prompt: str) -> dict:
         """The dataset entry whose question is ``prompt``, or one ValueError naming the prompt and the spec."""
@@ -71,8 +72,16 @@ class ReasoningGymVerifier:
         return out
 
     def score(self, episodes: Episodes) -> np.ndarray:
-        return self.scores(episodes.prompts, episodes.responses)
+        return self._scores_of(episodes).copy()
 
     def verdicts(self, episodes: Episodes) -> np.ndarray:
         """``(B,)`` bool: the answer got full credit (score 1.0); partial credit is not a solve."""
-        return self.scores(episodes.prompts, episodes.responses) >= 1.0
+        return self._scores_of(episodes) >= 1.0
+
+    def _scores_of(self, episodes: Episodes) -> np.ndarray:
+        """:meth:`scores` of the batch, once: the env asks for the verdicts of the batch it has just scored, and
+        some reasoning-gym scorers are slow (they parse or simulate the answer)."""
+        key, last = (tuple(episodes.prompts), tuple(episodes.responses)), self._last  # read once: an abandoned
+        if last is None or last[0] != key:  # call (reward_timeout) may still be writing from its thread
+            last = self._last = (key, self.scores(episodes.prompts, episodes.responses))
+        return last[1]
