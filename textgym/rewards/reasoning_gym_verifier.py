@@ -41,13 +41,20 @@ class ReasoningGymVerifier:
         self.name = self.spec.name()
         self.argument = argument
         self._data = dataset_object(self.spec)  # its score_answer
-        entries = [*split_entries(self.spec), *split_entries(self.spec._replace(split="eval"))]
-        self._entries = {e["question"]: e for e in entries}
+        self._entries = {e["question"]: e for e in split_entries(self.spec)}
+        self._eval_added = False
         self._last: tuple[tuple, np.ndarray] | None = None  # the last batch's scores: verdicts follows score
 
     def entry(self, prompt: str) -> dict:
         """The dataset entry whose question is ``prompt``, or one ValueError naming the prompt and the spec."""
         entry = self._entries.get(prompt)
+        if entry is None and not self._eval_added:
+            # the held-out entries only once a prompt asks for them: a slow dataset (futoshiki, ...) takes a
+            # minute per thousand puzzles, and a training run never needs them
+            held_out = split_entries(self.spec._replace(split="eval"))
+            self._entries |= {e["question"]: e for e in held_out}
+            self._eval_added = True
+            entry = self._entries.get(prompt)
         if entry is None:
             raise ValueError(
                 f"{self.argument}={self.name!r}: prompt={prompt[:80]!r} is no question of its train split (seed "
