@@ -89,10 +89,19 @@ def test_an_episode_forced_to_write_the_answer_gets_reward_one_and_verdict_one(e
         assert reward == pytest.approx(base.kl_coef * info["ref_logprob"] + score)  # raw: normalize_reward=False
 
 
-def test_the_env_passes_gymnasiums_checker(env):
+def test_the_env_passes_gymnasium_sb3_and_torchrl_checkers(env):
     from gymnasium.utils.env_checker import check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+    from torchrl.envs import GymWrapper
+    from torchrl.envs.utils import check_env_specs
 
     check_env(env.unwrapped, skip_render_check=True)
+    sb3_check_env(env.unwrapped, warn=True)
+    check_env_specs(GymWrapper(env), seed=0)
+    vec = gym.make_vec("TextRLHF-v0", num_envs=2, vectorization_mode="vector_entry_point", autoreset_mode="disabled",
+                       prompts=SPEC, reward_model=SPEC, normalize_reward=False, max_new_tokens=6)  # fmt: skip
+    check_env_specs(GymWrapper(vec), seed=0)
+    vec.close()
 
 
 def test_evaluate_reports_the_verdicts_win_rate_on_the_held_out_split():
