@@ -24,6 +24,7 @@ from textgym.envs.text_rlhf import PARTNER_SEEDS
 from textgym.episodes import collect_episodes, episode_score, make_episode_envs, sequence_kl
 from textgym.models import EVAL_PROMPTS, EVAL_PROMPTS_BY_ENV, TOKENIZER_FILES, load_causal_lm, load_tokenizer
 from textgym.policies import LMSampler
+from textgym.reasoning_gym_task import is_spec
 from textgym.rewards import registered_names
 from textgym.rewards.http import is_url
 
@@ -41,11 +42,11 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
     ``kl_coef`` is the β of its last rollout, so score − β·KL is the objective it was updated on;
     ``temperature``, ``top_k`` and ``top_p`` are how it sampled; the rest are env arguments.
 
-    A model folder is data: its run info may name a reward model by a registered name or a path to
-    weights, never a ``module:attr`` (importing it would run code shipped beside the weights) or a URL
-    (the episodes would go to a server the folder chose), and an env only by a registered id, never a
-    ``module:EnvName`` (gym.make imports the module), unless the caller gives that same argument itself
-    (``given``, e.g. ``--reward-model``).
+    A model folder is data: its run info may name a reward model by a registered name, a path to
+    weights or a ``reasoning-gym:`` dataset, never a ``module:attr`` (importing it would run code shipped
+    beside the weights) or a URL (the episodes would go to a server the folder chose), and an env only by a
+    registered id, never a ``module:EnvName`` (gym.make imports the module), unless the caller gives that same
+    argument itself (``given``, e.g. ``--reward-model``).
 
     Raises:
         ValueError: the run info names a ``module:attr`` or URL reward model, or a ``module:EnvName`` env id,
@@ -61,7 +62,8 @@ def run_settings(policy: str | None, given: Mapping[str, Any] = ()) -> dict[str,
             flag = "--" + name.replace("_", "-")
             raise ValueError(
                 f"{path} names {name}={run[name]!r}, {why}; a run-info file may name a {name.replace('_', ' ')} only "
-                f"by a registered name, a path to weights or a 'textarena:' game. If you trust it, pass it yourself: "
+                f"by a registered name, a path to weights, a 'reasoning-gym:' dataset or a 'textarena:' game. "
+                "If you trust it, pass it yourself: "
                 f"{flag} {run[name]!r} "
                 f"(Python: {name}=...)"
             )
@@ -87,7 +89,8 @@ def _not_data(spec: Any, name: str = "reward_model") -> str | None:
         return "a server every evaluated episode would be sent to"
     if name == "partner":  # TextArena's games and the built-in partners are names; anything else is imported code
         return None if spec.startswith("textarena:") or ":" not in spec else "a 'module:attr' that would be imported"
-    if ":" in spec and spec not in registered_names() and not Path(spec).exists():
+    # a reasoning-gym dataset is a name: it imports the installed reasoning_gym package, no code beside the weights
+    if ":" in spec and not is_spec(spec) and spec not in registered_names() and not Path(spec).exists():
         return "a 'module:attr' that would be imported (its code run)"
     return None
 

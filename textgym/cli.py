@@ -98,11 +98,13 @@ def _env_args(
     parser: argparse.ArgumentParser, model_help: str = "π_ref: HF causal-LM folder or id (default: embedded LM)"
 ) -> None:
     parser.add_argument("--model", default=None, help=model_help)
-    parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    parser.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr', "
+                        "'reasoning-gym:<dataset>' (default: embedded)")  # fmt: skip
     parser.add_argument("--gold-scorer", default=None, help="what gold_score measures, any reward_model route "
                         "(default: the env's, VADER; for eval the run's)")  # fmt: skip
     parser.add_argument("--prompts", default=None, help=".txt/.jsonl prompt file, a folder saved with datasets' "
-                        "save_to_disk, or a cached dataset's NAME[:SPLIT] (default: embedded set)")  # fmt: skip
+                        "save_to_disk, a cached dataset's NAME[:SPLIT], or 'reasoning-gym:<dataset>[:eval]' "
+                        "(default: embedded set)")  # fmt: skip
     parser.add_argument("--prompt-column", default=None, help="the .jsonl field or dataset column of the prompts "
                         "(default: 'prompt')")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the env's)")
@@ -596,7 +598,8 @@ def _add_bench(sub: _Subparsers) -> None:
 
 def _add_serve_rm(sub: _Subparsers) -> None:
     p = sub.add_parser("serve-rm", help="serve a reward model over HTTP (OpenRLHF's /get_reward and /score)")
-    p.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr' (default: embedded)")
+    p.add_argument("--reward-model", default=None, help="r_φ: name, folder, 'module:attr', "
+                        "'reasoning-gym:<dataset>' (default: embedded)")  # fmt: skip
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: every one)")
     p.add_argument("--port", type=int, default=8000, help="TCP port")
     p.add_argument("--device", default="auto", help="where the reward model runs: auto, cpu, cuda, cuda:N")

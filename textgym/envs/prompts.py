@@ -1,7 +1,8 @@
 """Prompt sources of TextRLHF-v0: the ``prompts=`` argument resolved to a list of prompt strings.
 
 A source is a list of str, a UTF-8 ``.txt`` or ``.jsonl`` file, a Hugging Face ``datasets`` folder
-or cached dataset, or the name of a shipped set (:data:`textgym.assets.PROMPT_SETS`). Every bad
+or cached dataset, the name of a shipped set (:data:`textgym.assets.PROMPT_SETS`), or a reasoning-gym
+dataset's seeded split (``"reasoning-gym:<dataset>[:eval]"``, :mod:`textgym.reasoning_gym_task`). Every bad
 source raises one error naming it, and the line or byte that is wrong.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from textgym.asset_paths import DEFAULT_PROMPTS, PROMPT_SETS
 from textgym.errors import short_repr
+from textgym.reasoning_gym_task import is_spec, split_questions
 
 __all__ = ["load_prompts"]
 
@@ -28,19 +30,26 @@ def load_prompts(prompts: Sequence[str] | str | os.PathLike | None, column: str 
             Face ``datasets`` ``save_to_disk`` (a ``DatasetDict``'s ``"train"`` split, or its only one;
             ``FOLDER/SPLIT`` picks another); the name of a dataset in the local Hugging Face cache,
             ``"NAME"`` or ``"NAME:SPLIT"`` (default split ``"train"``); a shipped set's name
-            (``textgym.assets.PROMPT_SETS``: ``"review-requests"``, ``"review-requests-eval"``); or
+            (``textgym.assets.PROMPT_SETS``: ``"review-requests"``, ``"review-requests-eval"``); a reasoning-gym
+            dataset's questions, ``"reasoning-gym:<dataset>"`` (train: 1,000 draws of seed 0) or
+            ``"reasoning-gym:<dataset>:eval"`` (held out: 500 draws of another seed less the train questions),
+            with options as ``?max_digits=2&operators=+`` (:mod:`textgym.reasoning_gym_task`); or
             ``None`` (the embedded train prompts). Files are read as UTF-8.
         column: the field holding the prompt in ``.jsonl`` rows and datasets.
 
     Raises:
         FileNotFoundError: the path does not exist (and is no cached dataset's name).
-        ValueError: a wrong suffix, a file that is not UTF-8, a bad ``.jsonl`` line (its number is
-            named), a dataset without ``column`` or with several splits and no ``"train"``, or no prompts.
+        ValueError: a bad ``reasoning-gym:`` spec (its dataset, split or options), a wrong suffix, a file that is
+            not UTF-8, a bad ``.jsonl`` line (its number is named), a dataset without ``column`` or with several
+            splits and no ``"train"``, or no prompts.
+        ImportError: a ``reasoning-gym:`` spec without reasoning-gym installed.
         TypeError: ``prompts`` is not a list of str.
     """
     if prompts is None:
         prompts = DEFAULT_PROMPTS
     source = "prompts"
+    if is_spec(prompts) and not Path(prompts).exists():
+        prompts = split_questions(prompts)
     if isinstance(prompts, str) and prompts in PROMPT_SETS and not Path(prompts).exists():
         prompts = PROMPT_SETS[prompts]  # a shipped set by name
     if isinstance(prompts, (str, os.PathLike)):

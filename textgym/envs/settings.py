@@ -24,16 +24,18 @@ class EnvSettings:
             ``TextArithmetic-v0`` (verifiable "a+b=" answers) or ``TextMultiTurn-v0`` (a conversation with a
             ``partner``); its registered defaults apply.
         model: π_ref and the policy's initialisation (HF folder or id; default: the env's).
-        reward_model: r_φ, by name (default embedded RM): a registered name, an HF folder or id, a URL or
-            ``module:attr``. A function or object is registered first (``textgym.rewards.register``), as
-            the config is saved as JSON.
+        reward_model: r_φ, by name (default embedded RM): a registered name, an HF folder or id, a URL,
+            ``module:attr`` or ``reasoning-gym:<dataset>`` (that dataset's checker). A function or object is
+            registered first (``textgym.rewards.register``), as the config is saved as JSON.
         gold_scorer: what ``gold_score`` measures beside the RM (the same routes; default: the env's, VADER
             for ``TextRLHF-v0``); a verifiable task names its checker here too.
         prompts: train prompts: a .txt/.jsonl file, a folder saved with datasets' save_to_disk or a cached dataset's
-            name, ``NAME[:SPLIT]`` (default: the env's set).
+            name, ``NAME[:SPLIT]``, or ``reasoning-gym:<dataset>`` (its seeded train questions) (default: the env's
+            set).
         prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
         eval_prompts: held-out prompts for ``eval_every`` and ``textgym eval`` of the saved policy
-            (same forms as ``prompts``; default: the env's eval split).
+            (same forms as ``prompts``; default: the env's eval split; for ``reasoning-gym:<dataset>`` give
+            ``reasoning-gym:<dataset>:eval``).
         chat_template: put each prompt into the tokenizer's chat template as the user turn (chat models).
         normalize_reward: standardise the RM score with its stored mean/std under π_ref (None: when
             stored). Turn it off for a policy model the stored statistics were not measured under.

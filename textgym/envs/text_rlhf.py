@@ -138,13 +138,15 @@ _DOC_ARGS = """
         tokenizer: folder or id of the tokenizer (default: the model's).
         reward_model: r_φ: a registered name (``"default"``, ``"vader"``), an HF
             sequence-classifier folder or id, a ``"module:attr"`` string, an entry point of
-            the ``textgym.reward_models`` group, an object with ``score(episodes)``, or a
+            the ``textgym.reward_models`` group, ``"reasoning-gym:<dataset>"`` (that dataset's
+            ``score_answer``, with verdicts), an object with ``score(episodes)``, or a
             function ``f(prompts, responses) -> floats`` (default: the embedded RM).
         gold_scorer: the same routes; scores every finished episode beside the proxy RM for
             reward over-optimisation studies (default ``"vader"``; ``None`` turns it off).
         prompts: list of str, a UTF-8 ``.txt`` / ``.jsonl`` path, a folder saved with Hugging Face
             ``datasets``' ``save_to_disk``, or a dataset's name in the local Hugging Face cache
-            (``"NAME"`` or ``"NAME:SPLIT"``; see :func:`load_prompts`) (default: the embedded train
+            (``"NAME"`` or ``"NAME:SPLIT"``), or a reasoning-gym dataset's seeded questions
+            (``"reasoning-gym:<dataset>[:eval]"``; see :func:`load_prompts`) (default: the embedded train
             prompts; the eval prompts are ``textgym.assets.EVAL_PROMPTS``). Special-token text in
             a prompt (``"<pad>"``) is encoded as text, never as the special token.
         prompt_column: the field of a ``.jsonl`` row or a dataset holding the prompt (default ``"prompt"``).

@@ -5,11 +5,13 @@ Routes, tried in this order:
 1. an object with a ``score`` method (used as is) or a plain callable ``f(prompts, responses)``;
    an ``http(s)://HOST:PORT/get_reward`` (OpenRLHF) or ``.../score`` (``textgym serve-rm``) URL: a
    reward model served over HTTP (:mod:`textgym.rewards.http`);
-2. a registered name (``"default"``, ``"vader"`` and whatever ``register`` added);
-3. a name published by an installed package in the entry-point group ``textgym.reward_models``;
-4. a ``"package.module:attr"`` string (the attribute is a reward model, a factory or a callable); the
+2. ``"reasoning-gym:<dataset>[?options]"``: that reasoning-gym dataset's ``score_answer``, with its verdicts
+   (:mod:`textgym.rewards.reasoning_gym_verifier`; reasoning-gym is imported only then);
+3. a registered name (``"default"``, ``"vader"`` and whatever ``register`` added);
+4. a name published by an installed package in the entry-point group ``textgym.reward_models``;
+5. a ``"package.module:attr"`` string (the attribute is a reward model, a factory or a callable); the
    module is looked up on ``sys.path`` and then in the working directory, as ``python -m`` would;
-5. a Hugging Face sequence-classification folder or hub id.
+6. a Hugging Face sequence-classification folder or hub id.
 
 A registered factory is called with the keyword arguments its signature names (all of them when it
 takes ``**kwargs``, none for ``lambda: MyRM()``); the env offers ``device`` (the ``torch.device`` π_ref
@@ -27,9 +29,11 @@ from typing import Any
 
 from textgym.asset_paths import DEFAULT_RM
 from textgym.imports import import_module_named
+from textgym.reasoning_gym_task import is_spec
 from textgym.rewards.base import RewardModel
 from textgym.rewards.builtin import CallableRewardModel, HFRewardModel, LengthReward, VaderScorer
 from textgym.rewards.http import HTTPRewardModel, is_url
+from textgym.rewards.reasoning_gym_verifier import ReasoningGymVerifier
 
 ENTRY_POINT_GROUP = "textgym.reward_models"
 
@@ -120,6 +124,8 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
     text = os.fspath(spec)
     if is_url(text):
         return HTTPRewardModel(text)
+    if is_spec(text):  # before module:attr, which "reasoning-gym:<dataset>" would otherwise look like
+        return ReasoningGymVerifier(text, argument)
     if text in _REGISTRY:
         return _call_factory(text, _REGISTRY[text], kwargs)
     eps = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == text]
@@ -135,5 +141,6 @@ def make_reward_model(spec: Any, argument: str = "reward_model", **kwargs: Any) 
         return HFRewardModel(text, **kwargs)
     raise ValueError(
         f"{argument}={text!r} is not a registered name ({', '.join(registered_names())}), "
-        "an existing folder, a hub id 'org/name', a 'package.module:attr' string or an http(s):// URL"
+        "an existing folder, a hub id 'org/name', a 'package.module:attr' string, an http(s):// URL or "
+        "'reasoning-gym:<dataset>'"
     )

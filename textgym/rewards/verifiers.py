@@ -3,13 +3,11 @@
 ``ArithmeticVerifier`` scores the embedded arithmetic task (``TextArithmetic-v0``): prompts
 ``"a+b="``, reward 1 for the exact sum (+ EOS), 0 otherwise. ``reward_model="arithmetic-proxy"`` is its
 learned stand-in, a classifier of π_ref's right/wrong answers, to study over-optimisation against this exact
-gold. Any other checker plugs in the same way, e.g. a scorer from ``reasoning-gym``::
+gold. Any other checker plugs in the same way (a function ``f(prompts, responses)`` or an object with
+``score``); reasoning-gym's have a name of their own (:mod:`textgym.rewards.reasoning_gym_verifier`)::
 
-    from reasoning_gym import create_dataset
-    data = create_dataset("basic_arithmetic", size=500, seed=0)
-    entry = {row["question"]: row for row in data}
-    verifier = lambda prompts, responses: [data.score_answer(r.strip(), entry[p]) for p, r in zip(prompts, responses)]
-    env = gym.make("TextRLHF-v0", prompts=list(entry), reward_model=verifier, normalize_reward=False)
+    env = gym.make("TextRLHF-v0", prompts="reasoning-gym:basic_arithmetic",
+                   reward_model="reasoning-gym:basic_arithmetic", normalize_reward=False)
 """
 
 from __future__ import annotations
