@@ -1,65 +1,77 @@
-"""A reasoning-gym dataset as a textgym task, by name: its seeded questions as prompts, its checker as the reward.
+"""An external verifier as the reward model: reasoning-gym's ``score_answer`` on TextArithmetic-v0, offline.
 
-    prompts="reasoning-gym:basic_arithmetic?..."           1,000 seeded train questions ("Calculate 37 + 48.")
-    eval_prompts="reasoning-gym:basic_arithmetic:eval?..."  held-out questions, none of them a train question
-    reward_model="reasoning-gym:basic_arithmetic?..."      the dataset's score_answer; full credit is the verdict
-
-The names are plain strings, so the config is saved as JSON and any process regenerates the same questions.
-The run measures the held-out win rate (reasoning-gym's verdict, with its Wilson interval) beside our own
-checker of a sum asked in words (``AdditionAnswerVerifier``, the gold scorer), trains GRPO on reasoning-gym's
-reward and measures again. The embedded π_ref writes movie reviews and solves none of these sums, so its
-reward gives GRPO nothing to learn from; a model that reads the questions does, e.g.
-``--model smollm2-135m-instruct --chat-template`` (a longer run).
+reasoning-gym generates problems with their own checker. Any checker is a reward model in textgym
+(a function ``f(prompts, responses) -> floats``), so its problems become the env's prompts and its
+``score_answer`` the reward; the env keeps our ``ArithmeticVerifier`` as the gold scorer, so the
+two can be compared episode by episode. Then GRPO trains on reasoning-gym's reward.
 
     pip install reasoning-gym
-    python examples/reasoning_gym_verifier.py [--iterations 20] [--model smollm2-135m-instruct --chat-template]
+    python examples/reasoning_gym_verifier.py [--problems 512] [--iterations 400]
 """
 
 import argparse
+import re
 
+import gymnasium as gym
+import numpy as np
 import torch
+from reasoning_gym import create_dataset
 
-import textgym  # noqa: F401  (registers TextRLHF-v0)
-from textgym.agents.evaluate import evaluate
+import textgym  # noqa: F401  (registers TextArithmetic-v0)
 from textgym.agents.ppo import PPOConfig, Trainer
+from textgym.episodes import collect_episodes
 from textgym.policies import LMSampler
 
-# two-term sums of numbers up to two digits, without parentheses or negation: what "a + b" asks in words
-OPTIONS = "?max_terms=2&max_digits=2&operators=+&allow_parentheses=false&allow_negation=false"
-TRAIN, HELD_OUT = f"reasoning-gym:basic_arithmetic{OPTIONS}", f"reasoning-gym:basic_arithmetic:eval{OPTIONS}"
+
+def reasoning_gym_task(problems: int, seed: int):
+    """reasoning-gym's two-term additions as ``"a+b="`` prompts (the embedded model's format) and their scorer."""
+    data = create_dataset("basic_arithmetic", size=problems, seed=seed, min_terms=2, max_terms=2, min_digits=1,
+                          max_digits=2, operators=("+",), allow_parentheses=False, allow_negation=False)  # fmt: skip
+    entries = {}
+    for entry in data:
+        a, b = re.findall(r"\d+", entry["question"])
+        entries[f"{a}+{b}="] = entry  # "Calculate 37 + 48." -> "37+48="
+
+    def score(prompts: list[str], responses: list[str]) -> list[float]:
+        return [float(data.score_answer(r.strip(), entries[p])) for p, r in zip(prompts, responses)]
+
+    return list(entries), score
 
 
-def report(label: str, result: dict) -> None:
-    low, high = result["win_rate_ci95"]
-    print(f"{label}: win rate {result['win_rate']:.3f} [{low:.3f}, {high:.3f}] over {result['judged_episodes']} "
-          f"held-out questions; reasoning-gym score {result['rm_score'][0]:.3f}, "
-          f"our checker (gold) {result['gold_score'][0]:.3f}")  # fmt: skip
+def accuracy(envs, policy, episodes: int) -> tuple[float, float, float]:
+    """π's mean reward under reasoning-gym, under our verifier (gold), and how often the two agree."""
+    done = collect_episodes(envs, policy, num_episodes=episodes, seed=0)
+    rm, gold = done["rm_score"].numpy(), done["gold_score"].numpy()
+    return float(rm.mean()), float(gold.mean()), float(np.mean(rm == gold))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=20, help="GRPO iterations of --num-envs episodes")
-    parser.add_argument("--num-envs", type=int, default=64)
-    parser.add_argument("--eval-episodes", type=int, default=256)
-    parser.add_argument("--model", default=None, help="π_ref and the policy's start (default: the embedded LM)")
-    parser.add_argument("--chat-template", action="store_true", help="the question as a chat model's user turn")
+    parser.add_argument("--problems", type=int, default=512)
+    parser.add_argument("--iterations", type=int, default=400, help="GRPO iterations of 64 episodes")
     parser.add_argument("--out", default="runs/reasoning-gym")
     args = parser.parse_args()
 
-    cfg = PPOConfig(env_id="TextRLHF-v0", model=args.model, chat_template=args.chat_template, prompts=TRAIN,
-                    eval_prompts=HELD_OUT, reward_model=TRAIN, gold_scorer="addition-answer", normalize_reward=False,
-                    max_new_tokens=6, algo="grpo", group_size=8, num_envs=args.num_envs, kl_coef=0.05, target_kl=None,
-                    total_episodes=args.num_envs * args.iterations, learning_rate=1e-4, ppo_epochs=2,
-                    num_minibatches=2, device="cpu", out=args.out, progress=False)  # fmt: skip
-    held_out = {"env_id": cfg.env_id, **cfg.env_kwargs(), "prompts": HELD_OUT}
-    sizes = {"episodes": args.eval_episodes, "num_envs": min(args.num_envs, args.eval_episodes)}
-    report("pi_ref", evaluate(None, **held_out, **sizes))
+    prompts, score = reasoning_gym_task(args.problems, seed=0)
+    task = {"prompts": prompts, "reward_model": score}
+    envs = gym.make_vec("TextArithmetic-v0", num_envs=64, vectorization_mode="vector_entry_point",
+                        autoreset_mode="disabled", **task)  # fmt: skip
+    ref = LMSampler.for_env(envs.unwrapped.model, envs, generator=torch.Generator().manual_seed(0))
+    rm, gold, agree = accuracy(envs, ref, 64)
+    print(f"pi_ref: reasoning-gym reward {rm:.3f}, our verifier {gold:.3f}, agreement {agree:.3f}")
 
-    trainer = Trainer.create(cfg)  # the env pays reasoning-gym's score
+    cfg = PPOConfig(env_id="TextArithmetic-v0", algo="grpo", group_size=8, num_envs=64, max_new_tokens=4,
+                    total_episodes=64 * args.iterations, kl_coef=0.05, target_kl=None, learning_rate=1e-4,
+                    ppo_epochs=2, num_minibatches=2, device="cpu", out=args.out, progress=False)  # fmt: skip
+    trainer = Trainer.create(cfg, env_overrides=task)  # the env pays reasoning-gym's score
     for _ in range(args.iterations):
         trainer.iteration()
-    factory = lambda envs: LMSampler.for_env(trainer.policy, envs, generator=torch.Generator().manual_seed(0))  # noqa: E731
-    report("after GRPO", evaluate(policy_factory=factory, **held_out, **sizes))
+    policy = LMSampler.for_env(trainer.policy, envs, generator=torch.Generator().manual_seed(0))
+    print(
+        "after GRPO: reasoning-gym reward {:.3f}, our verifier {:.3f}, agreement {:.3f}".format(
+            *accuracy(envs, policy, 64)
+        )
+    )
 
 
 if __name__ == "__main__":

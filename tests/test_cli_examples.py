@@ -194,17 +194,7 @@ def test_cli_errors_name_the_argument():
             "{tmp}/crm",
         ],
         ["examples/train_reward_model.py", "--samples", "32", "--epochs", "1", "--out", "{tmp}/arm"],
-        [
-            "examples/reasoning_gym_verifier.py",
-            "--iterations",
-            "2",
-            "--num-envs",
-            "16",
-            "--eval-episodes",
-            "16",
-            "--out",
-            "{tmp}/rg",
-        ],
+        ["examples/reasoning_gym_verifier.py", "--problems", "64", "--iterations", "2", "--out", "{tmp}/rg"],
         # the speed benches default to every core; beside the other test worker one thread is faster (no spinning)
         ["bench/ppo_iteration.py", "--quick", "--threads", "1"],
         ["bench/env_throughput.py", "--quick", "--threads", "1"],
