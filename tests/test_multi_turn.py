@@ -477,6 +477,36 @@ def test_the_partners_verdict_wins_over_the_reward_models_and_a_bad_one_is_a_par
         assert info["verdict"] == expected
 
 
+def test_closing_the_env_closes_each_slots_partner_once_and_a_failing_close_after_the_others():
+    """A partner holding a session (OpenEnv's) releases it when the env closes; one that fails to close does not
+    keep the others open."""
+
+    class Holds(Counter):
+        closed: list = []
+
+        def close(self):
+            Holds.closed.append(id(self))
+            if getattr(self, "fail", False):
+                raise OSError("the socket is already gone")
+
+    envs = gym.make_vec("TextMultiTurn-v0", num_envs=3, vectorization_mode="vector_entry_point", partner=Holds,
+                        max_turn_tokens=3, max_new_tokens=40)  # fmt: skip
+    partners = envs.unwrapped._engine.dialogue.partners
+    assert len({id(p) for p in partners}) == 3
+    envs.close()
+    envs.close()  # Gymnasium's close may be called again: nothing is closed twice
+    assert sorted(Holds.closed) == sorted(id(p) for p in partners)
+
+    Holds.closed = []
+    envs = gym.make_vec("TextMultiTurn-v0", num_envs=3, vectorization_mode="vector_entry_point", partner=Holds,
+                        max_turn_tokens=3, max_new_tokens=40)  # fmt: skip
+    partners = envs.unwrapped._engine.dialogue.partners
+    partners[1].fail = True
+    with pytest.raises(PartnerError, match=r"partner 'Holds' \(env slot 1\)\.close raised OSError: the socket is"):
+        envs.close()
+    assert sorted(Holds.closed) == sorted(id(p) for p in partners)  # slot 2 closed too
+
+
 def test_the_wilson_interval_matches_known_values():
     from textgym.agents.evaluate import wilson_interval
 

@@ -68,6 +68,9 @@ class Dialogue(Protocol):
     def summary(self, slot: int, answers: Answers, capped: bool, turn_text: str, length: int) -> Summary:
         """The finished episode of ``slot`` with ``answers`` counted (``capped``: the length cap cut a turn)."""
 
+    def close(self) -> None:
+        """Release what the other side holds (a partner's server session); called once by the env's ``close``."""
+
 
 class OneTurn:
     """A single-turn episode: a stop token or the length cap ends it, and nobody answers."""
@@ -101,3 +104,6 @@ class OneTurn:
 
     def summary(self, slot, answers, capped, turn_text, length) -> Summary:
         return Summary(np.zeros(self.new_tokens), float("nan"), {})
+
+    def close(self) -> None:
+        return None

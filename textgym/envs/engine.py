@@ -387,6 +387,10 @@ class Engine:
             }
         return final
 
+    def close(self) -> None:
+        """Close the dialogue's partners (once; a closed engine steps no more)."""
+        self.dialogue.close()
+
     def action_masks(self) -> np.ndarray:
         """``(N, V)`` bool: π_ref's top-p tokens at each slot's state (all True without ``action_mask_top_p``)."""
         return self.reference.top_p_masks(self.action_mask_top_p, self.layout)

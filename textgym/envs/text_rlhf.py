@@ -371,6 +371,12 @@ class TextRLHFEnv(gym.Env):
         """``(vocab_size,)`` bool mask of the allowed tokens (see ``action_mask_top_p``)."""
         return self._engine.action_masks()[0]
 
+    def close(self) -> None:
+        """Close the partners (an OpenEnv session, a socket); Gymnasium's ``close`` may be called more than once."""
+        if getattr(self, "_engine", None) is not None:  # a constructor that failed made none
+            self._engine.close()
+        super().close()
+
     def render(self) -> str | np.ndarray | None:
         """The prompt and response so far: text (``"ansi"``) or that text drawn as a frame (``"rgb_array"``)."""
         if self.render_mode == "ansi":
@@ -652,6 +658,11 @@ class TextRLHFVectorEnv(VectorEnv):
     def action_masks(self) -> np.ndarray:
         """``(num_envs, vocab_size)`` bool masks of the allowed tokens (see ``action_mask_top_p``)."""
         return self._engine.action_masks()
+
+    def close_extras(self, **kwargs) -> None:
+        """Close the partners (as :meth:`TextRLHFEnv.close`); Gymnasium's ``close`` calls this once."""
+        if getattr(self, "_engine", None) is not None:
+            self._engine.close()
 
     def render(self) -> tuple[str, ...] | tuple[np.ndarray, ...] | None:
         """One rendering per slot, as :meth:`TextRLHFEnv.render` (``SyncVectorEnv`` also returns a tuple)."""

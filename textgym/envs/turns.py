@@ -24,7 +24,7 @@ import numpy as np
 
 from textgym.envs.checks import check_int, check_timeout
 from textgym.envs.dialogue import Answers, Summary
-from textgym.partners import make_partner, reply_checked, reset_checked, verdict_checked
+from textgym.partners import PartnerError, close_checked, make_partner, reply_checked, reset_checked, verdict_checked
 
 __all__ = ["Conversation", "ReplyTemplate"]
 
@@ -218,3 +218,19 @@ class Conversation:
                  "conversation_length": np.int64(length)}  # fmt: skip
         verdict = verdict_checked(self.partners[slot], self.timeout, slot=slot)
         return Summary(turn_reward, float(total), infos, float("nan") if verdict is None else float(verdict))
+
+    def close(self) -> None:
+        """Close every slot's partner that has a ``close`` (an OpenEnv session, a game server's socket), each once.
+
+        Why all before raising: one partner that fails to close must not leave the others' sessions open; the
+        first failure is raised after, as a :class:`PartnerError` naming its partner and slot.
+        """
+        partners, self.partners = self.partners, []
+        failures = []
+        for slot, partner in enumerate(partners):
+            try:
+                close_checked(partner, self.timeout, slot=slot)
+            except PartnerError as err:
+                failures.append(err)
+        if failures:
+            raise failures[0]

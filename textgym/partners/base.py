@@ -13,9 +13,11 @@ a new list each call, which the partner may keep. ``reply`` returns the partner'
 user's next turn unless the episode is over), the reward for the policy's turn that just ended and
 whether the episode is over. ``reset`` is called at the start of every episode, before any reply, and
 returns the episode's opening text (a game's rules and board) or None to keep the env's ``prompt``.
-``verdict`` is asked when the episode ends, whatever ended it: did the policy win (a game cut before its
-end was not won)? It is the task's own verdict, which evaluation's ``win_rate`` counts; a partner without
-one leaves it to the reward model (a verifier's ``verdicts``), and an episode with neither has none.
+``close()`` (optional) is called once when the env closes: a partner holding a session or a socket
+releases it there. ``verdict`` is asked when the episode ends, whatever ended it: did the policy win (a
+game cut before its end was not won)? It is the task's own verdict, which evaluation's ``win_rate``
+counts; a partner without one leaves it to the reward model (a verifier's ``verdicts``), and an episode
+with neither has none.
 
 ``partner=`` routes (:func:`make_partner`), tried in this order:
 
@@ -71,6 +73,7 @@ __all__ = [
     "Partner",
     "PartnerError",
     "available_partners",
+    "close_checked",
     "make_partner",
     "partner_name",
     "reply_checked",
@@ -300,6 +303,14 @@ def reset_checked(
     if out is not None and (bad := _not_unicode(out)) is not None:
         raise PartnerError(f"{_who(partner, slot)}.reset returned {short_repr(out)}, whose text {bad}")
     return out
+
+
+def close_checked(partner: Partner, timeout: float | None, slot: int | None = None) -> None:
+    """``partner.close()`` within ``timeout`` seconds if it has a ``close``; a failure or a hang is a
+    :class:`PartnerError` naming the partner and the slot."""
+    close = getattr(partner, "close", None)
+    if callable(close):
+        _call("close", close, partner, timeout, slot)
 
 
 def verdict_checked(partner: Partner, timeout: float | None, slot: int | None = None) -> bool | None:
