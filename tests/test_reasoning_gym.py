@@ -165,3 +165,23 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what `import reasoning_gym` sees when not installed
     with pytest.raises(ImportError, match=r"pip install reasoning-gym"):
         load_prompts("reasoning-gym:basic_arithmetic")
+
+
+def test_a_run_on_a_reasoning_gym_dataset_is_evaluated_on_its_held_out_split_unless_told_otherwise():
+    """The env's own eval split (review requests) scored by the dataset's verifier would refuse every prompt: a run
+    that names reasoning-gym train prompts and no eval prompts records, and evaluates on, the dataset's held-out
+    split, with its options."""
+    from textgym.agents.ppo import PPOConfig
+    from textgym.reasoning_gym_task import held_out_name
+
+    name = "reasoning-gym:basic_arithmetic?max_digits=2&operators=+"
+    held_out = "reasoning-gym:basic_arithmetic:eval?max_digits=2&operators=+"
+    assert held_out_name(name) == held_out and held_out_name("reasoning-gym:basic_arithmetic:train") == (
+        "reasoning-gym:basic_arithmetic:eval"
+    )
+    assert held_out_name(held_out) is None and held_out_name("review-requests") is None and held_out_name(None) is None
+    cfg = PPOConfig(prompts=name, reward_model=name, normalize_reward=False)
+    assert cfg.held_out_prompts() == held_out and cfg.run_info()["eval_prompts"] == held_out
+    given = PPOConfig(prompts=name, reward_model=name, eval_prompts="my-eval.txt")
+    assert given.held_out_prompts() == "my-eval.txt" and given.run_info()["eval_prompts"] == "my-eval.txt"
+    assert PPOConfig().run_info().get("eval_prompts") is None  # the env's own eval split, as before

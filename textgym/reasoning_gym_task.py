@@ -72,6 +72,18 @@ def is_spec(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(PREFIX)
 
 
+def held_out_name(prompts: Any) -> str | None:
+    """The held-out split's name of a train-split name (``reasoning-gym:X?o=v`` → ``reasoning-gym:X:eval?o=v``), or
+    None for anything else. Pure text, nothing imported: what a run evaluates on when it names no eval prompts."""
+    if not is_spec(prompts):
+        return None
+    head, sep, query = prompts[len(PREFIX) :].partition("?")
+    dataset, _, split = head.partition(":")
+    if split not in ("", "train"):
+        return None
+    return f"{PREFIX}{dataset}:eval{sep}{query}"
+
+
 def _reasoning_gym():
     """The reasoning_gym package, imported on first use: an optional dependency that takes a second to import."""
     try:

@@ -360,8 +360,8 @@ class Trainer:
         cfg = self.cfg
         env_kwargs = {**cfg.env_kwargs(), **self.env_overrides, "kl_coef": self.last_beta}
         env_kwargs.pop("prompts", None)  # held-out prompts, not the train prompts
-        if cfg.eval_prompts is not None:
-            env_kwargs["prompts"] = cfg.eval_prompts
+        if cfg.held_out_prompts() is not None:
+            env_kwargs["prompts"] = cfg.held_out_prompts()
 
         def factory(envs):
             return LMSampler.for_env(self.policy, envs, temperature=cfg.temperature, top_k=cfg.top_k,

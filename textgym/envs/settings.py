@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from textgym.reasoning_gym_task import held_out_name
+
 __all__ = ["ENV_FIELDS", "EnvSettings"]
 
 
@@ -33,7 +35,8 @@ class EnvSettings:
             name, ``NAME[:SPLIT]``, or ``reasoning-gym:<dataset>`` (its seeded train questions) (default: the env's
             set).
         prompt_column: the field of the .jsonl rows or the dataset column holding the prompts.
-        eval_prompts: held-out prompts for ``eval_every`` and ``textgym eval`` of the saved policy
+        eval_prompts: held-out prompts for ``eval_every`` and ``textgym eval`` of the saved policy (default: the
+            held-out split of ``reasoning-gym:`` train prompts, else the env's eval split; see ``held_out_prompts``)
             (same forms as ``prompts``; default: the env's eval split; for ``reasoning-gym:<dataset>`` give
             ``reasoning-gym:<dataset>:eval``).
         chat_template: put each prompt into the tokenizer's chat template as the user turn (chat models).
@@ -104,6 +107,12 @@ class EnvSettings:
             kwargs["chat_template"] = True
         return kwargs
 
+    def held_out_prompts(self) -> str | None:
+        """``eval_prompts``, else the held-out split of train prompts that have one (``reasoning-gym:X`` →
+        ``reasoning-gym:X:eval``), else None (the env's eval split). Why: the env's default eval split belongs to
+        its own task; a run on a reasoning-gym dataset evaluated on it would score review requests."""
+        return self.eval_prompts if self.eval_prompts is not None else held_out_name(self.prompts)
+
     def run_info(self) -> dict[str, Any]:
         """What a saved policy's run info keeps of the env: the env id, the eval prompts and the ``gym.make``
         arguments that shape its objective; not the train prompts (a policy is evaluated on its held-out ones)
@@ -111,7 +120,8 @@ class EnvSettings:
         info = {"env_id": self.env_id, **self.env_kwargs()}
         for name in ("prompts", "reward_timeout", "partner_timeout"):
             info.pop(name, None)
-        return info | ({"eval_prompts": self.eval_prompts} if self.eval_prompts is not None else {})
+        held_out = self.held_out_prompts()
+        return info | ({"eval_prompts": held_out} if held_out is not None else {})
 
 
 ENV_FIELDS = tuple(f.name for f in fields(EnvSettings))
