@@ -11,7 +11,20 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["import_module_named"]
+__all__ = ["import_module_named", "import_optional"]
+
+
+def import_optional(module: str, needs: str, package: str, install: str):
+    """``module`` of an optional dependency, imported on first use; its absence one ImportError saying what needs
+    it and how to install it ("GEM environments need the gem-llm package (...); install it with: ...").
+
+    Why one helper: every adapter and task of another package (TextArena, GEM, skyrl-gym, OpenEnv,
+    reasoning-gym) imports it only when used, and a user missing it should read the same sentence each time.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"{needs} need the {package} package ({err}); install it with: {install}") from err
 
 
 def import_module_named(module_name: str, argument: str, text: str):

@@ -30,6 +30,8 @@ import difflib
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from textgym.imports import import_optional
+
 __all__ = [
     "EVAL_SEED",
     "EVAL_SIZE",
@@ -86,12 +88,8 @@ def held_out_name(prompts: Any) -> str | None:
 
 def _reasoning_gym():
     """The reasoning_gym package, imported on first use: an optional dependency that takes a second to import."""
-    try:
-        import reasoning_gym
-    except ImportError as err:
-        raise ImportError(f"reasoning-gym tasks need the reasoning-gym package ({err}); install it with: "
-                          "pip install reasoning-gym (or 'textgym[reasoning-gym]')") from err  # fmt: skip
-    return reasoning_gym
+    return import_optional("reasoning_gym", "reasoning-gym tasks", "reasoning-gym",
+                           "pip install reasoning-gym (or 'textgym[reasoning-gym]')")  # fmt: skip
 
 
 def _registered() -> dict[str, tuple[type, type]]:

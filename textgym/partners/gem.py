@@ -49,6 +49,8 @@ from typing import Any
 
 import numpy as np
 
+from textgym.imports import import_optional
+
 __all__ = ["OFFLINE_GAMES", "REFUSED", "GEMPartner", "offline_ids"]
 
 # The game families (``game:<Game>-v0-…``) whose every registered id passed the offline probe (module docstring).
@@ -91,10 +93,7 @@ def _gem():
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
-        import gem
-    except ImportError as err:
-        raise ImportError(f"GEM environments need the gem-llm package ({err}); "
-                          "install it with: pip install 'textgym[gem]'") from err  # fmt: skip
+        gem = import_optional("gem", "GEM environments", "gem-llm", "pip install 'textgym[gem]'")
     finally:
         for handler in root.handlers[len(handlers) :]:
             root.removeHandler(handler)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
-import importlib
 import os
 import re
 import threading
@@ -55,6 +54,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from textgym.errors import short_repr
+from textgym.imports import import_optional
 
 __all__ = ["OpenEnvPartner"]
 
@@ -74,13 +74,7 @@ _HINTS = {
 
 def _openenv():
     """openenv-core's client module, imported on first use (it is an optional extra)."""
-    try:
-        generic_client = importlib.import_module("openenv.core.generic_client")
-    except ImportError as err:
-        raise ImportError(
-            f"OpenEnv environments need the openenv-core package ({err}); install it with: {_EXTRA}"
-        ) from err
-    return generic_client
+    return import_optional("openenv.core.generic_client", "OpenEnv environments", "openenv-core", _EXTRA)
 
 
 def _urls(base_url: Any) -> tuple[str, str]:

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from textgym.errors import short_repr
+from textgym.imports import import_optional
 
 __all__ = ["OFFLINE_ENVS", "REFUSED", "SkyRLPartner", "arithmetic_row"]
 
@@ -61,12 +62,7 @@ _ANSWER_FORMAT = {
 
 def _skyrl():
     """The skyrl_gym module, imported on first use (an optional extra)."""
-    try:
-        import skyrl_gym
-    except ImportError as err:
-        raise ImportError(f"skyrl-gym environments need the skyrl-gym package ({err}); "
-                          "install it with: pip install 'textgym[skyrl]'") from err  # fmt: skip
-    return skyrl_gym
+    return import_optional("skyrl_gym", "skyrl-gym environments", "skyrl-gym", "pip install 'textgym[skyrl]'")
 
 
 def arithmetic_row(env_id: str, seed: int) -> dict[str, Any]:

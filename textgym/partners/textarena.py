@@ -46,6 +46,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from textgym.imports import import_optional
+
 __all__ = ["OFFLINE_GAMES", "REFUSED_GAMES", "GuessTheNumber10", "TextArenaPartner", "single_player_ids"]
 
 # The games (TextArena's folders, ``textarena.envs.<Game>``) found to work offline: each registered id
@@ -84,13 +86,7 @@ _RANDOM_LOCK = threading.Lock()
 
 def _textarena():
     """The textarena module, imported on first use (it is an optional extra)."""
-    try:
-        import textarena
-    except ImportError as err:
-        raise ImportError(
-            f"TextArena games need the textarena package ({err}); install it with: pip install 'textgym[textarena]'"
-        ) from err
-    return textarena
+    return import_optional("textarena", "TextArena games", "textarena", "pip install 'textgym[textarena]'")
 
 
 def _game(spec: Any) -> str | None:
