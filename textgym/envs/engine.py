@@ -377,7 +377,7 @@ class Engine:
                 # the task's own verdict (1.0 solved / won, 0.0 not, NaN: the task has none): the partner's, else
                 # the reward model's
                 "verdict": np.float64(
-                    summary.verdict if verdicts is None or summary.verdict == summary.verdict else verdicts[k]
+                    summary.verdict if verdicts is None or not np.isnan(summary.verdict) else verdicts[k]
                 ),  # fmt: skip
                 "prompt": episodes.prompts[k],
                 "response": episodes.responses[k],

@@ -187,13 +187,12 @@ class TextArenaPartner:
         self._random_state: Any = None  # the game's own state of Python's `random` between calls
         self._last: tuple[tuple[int, str], tuple[str, float, bool]] | None = None  # (call key, its result)
         self._over = True  # no game until reset
-        self._won = False  # the game ended with player 0's win (TextArena pays 1 for a win)
 
     def reset(self, *, seed: int, prompt: str) -> str:
         """Start a new game from ``seed``; returns its opening (rules and board), which replaces ``prompt``."""
         with _missing_data_refused(self.game_id):
             messages = self._in_own_random(lambda: self._start(seed))
-        self._last, self._over, self._won = None, False, False
+        self._last, self._over = None, False
         return _render(messages)
 
     def reply(self, conversation: list[dict[str, str]]) -> tuple[str, float, bool]:
@@ -211,13 +210,12 @@ class TextArenaPartner:
             raise RuntimeError(f"the game {self.game_id!r} is over (or was never started); reset() starts a new one")
         result = self._in_own_random(lambda: self._move(key[1]))
         self._last, self._over = (key, result), result[2]
-        self._won = result[2] and result[1] >= 1.0
         return result
 
     def verdict(self) -> bool:
         """Whether the game ended with the policy's win: TextArena's single-player games pay 1 for a win and
         less for a loss; a game cut before its end was not won."""
-        return self._won
+        return self._last is not None and self._last[1][2] and self._last[1][1] >= 1.0
 
     def _start(self, seed: int) -> list:
         self._env.reset(num_players=1, seed=seed)
