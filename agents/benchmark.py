@@ -4,8 +4,9 @@ the same budget of env steps (tokens), the same evaluator, and the same frontier
 Tasks (``TASKS``): ``sentiment`` (TextRLHF-v0: learned RM as the proxy, VADER as gold),
 ``arithmetic`` (TextArithmetic-v0: the exact-answer verifier is reward and gold),
 ``arithmetic-proxy`` (the same env paying a learned proxy of the verifier; gold stays the verifier),
-``smollm2-sentiment`` (SmolLM2 writing reviews) and ``smollm2-guess`` (TextMultiTurn-v0: SmolLM2 playing
-TextArena's GuessTheNumber; the game's reward is score and gold).
+``smollm2-sentiment`` (SmolLM2 writing reviews), ``smollm2-guess`` (TextMultiTurn-v0: SmolLM2 playing
+TextArena's GuessTheNumber; the game's reward is score and gold) and ``smollm2-calculator`` (SmolLM2 with the
+calculator tool on ``a * b + c``; the final answer's exact-answer verdict is score and gold).
 
 Beside the final eval scores, each run is summarised by its reward–KL frontier (Gao et al.
 2022; :mod:`textgym.agents.frontier`): the training episodes' proxy and gold reward against
@@ -103,7 +104,9 @@ class Task:
     sequence) the frontier's area is taken up to, about what the trained algorithms reach.
     ``env``: further ``gym.make`` arguments (a real model, its prompts and chat template);
     ``eval_prompts``: the prompt set the common evaluation samples (None: the training prompts);
-    ``agent``: further :class:`PPOConfig` fields of our agents. ``num_envs``, ``seeds`` and
+    ``agent``: further :class:`PPOConfig` fields of our agents; ``temperature``: the task's sampling temperature,
+    of π_ref's calibration and row, of every learner's rollouts and of the common evaluation (a task is defined
+    at one temperature: the calculator's π_ref calls its tool at 0.7, rarely at 1). ``num_envs``, ``seeds`` and
     ``calibration_episodes`` are the defaults a :class:`BenchConfig` takes, sized for 2 CPU cores.
     """
 
@@ -120,6 +123,7 @@ class Task:
     env: dict[str, Any] = field(default_factory=dict)
     eval_prompts: str | None = None
     agent: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
     num_envs: int = 32
     seeds: tuple[int, ...] = (0, 1, 2)
     calibration_episodes: int = 512
@@ -153,6 +157,17 @@ TASKS = {
                                "partner": "guess-the-number-10", "max_turn_tokens": 8, "max_turns": 8},
                           agent={"critic_learning_rate": 5e-5, "num_minibatches": 4, "early_stop_kl": 0.05},
                           num_envs=32, seeds=(0, 1), calibration_episodes=128),
+    # a tool: SmolLM2 with the calculator on a * b + c (the smollm2-calculator-grpo preset's env at its temperature);
+    # score and gold are the exact-answer verdict of the final turn, judged on held-out problems (docs/multi-turn.md)
+    "smollm2-calculator": Task("TextMultiTurn-v0", max_new_tokens=144, max_prompt_tokens=None, kl_coef=0.05,
+                               normalize=False, frontier_kl=4.0, budget=16384, agent_lr=2e-5, agent_epochs=2,
+                               reward_model="calculator-answer",
+                               env={"model": "smollm2-135m-instruct", "chat_template": True, "partner": "calculator",
+                                    "prompts": "calculator-problems", "gold_scorer": "calculator-answer",
+                                    "max_turn_tokens": 32, "max_turns": 3},
+                               eval_prompts="calculator-problems-eval", temperature=0.7,
+                               agent={"num_minibatches": 4, "early_stop_kl": 0.05, "temperature": 0.7},
+                               num_envs=32, seeds=(0, 1), calibration_episodes=128),
 }  # fmt: skip
 
 
@@ -208,19 +223,20 @@ class _UniformPolicy:
         return self.rng.integers(0, self.vocab, self.n), np.full(self.n, -np.log(self.vocab))
 
 
-def _sampler_factory(model: torch.nn.Module | None, seed: int):
-    """Cached sampling of ``model`` (None: the eval env's π_ref) at temperature 1."""
+def _sampler_factory(model: torch.nn.Module | None, seed: int, temperature: float = 1.0):
+    """Cached sampling of ``model`` (None: the eval env's π_ref) at the task's ``temperature``."""
 
     def factory(envs):
         m = model if model is not None else envs.unwrapped.model
-        return LMSampler.for_env(m, envs, generator=torch.Generator(device=m.device).manual_seed(seed))
+        generator = torch.Generator(device=m.device).manual_seed(seed)
+        return LMSampler.for_env(m, envs, temperature=temperature, generator=generator)
 
     return factory
 
 
 @register_algorithm("reference")
 def reference(ctx: RunContext):
-    return _sampler_factory(None, ctx.seed)
+    return _sampler_factory(None, ctx.seed, ctx.task.temperature)
 
 
 @register_algorithm("random")
@@ -261,7 +277,7 @@ def _agent(ctx: RunContext, algo: str):
 
     trainer = Trainer.create(agent_config(ctx, algo), env_overrides=ctx.env_kwargs)  # the env every algorithm trains in
     _train_in_batches(ctx, trainer, GROUP_SIZE if algo != "ppo" else 1)
-    return _sampler_factory(trainer.policy, ctx.seed)
+    return _sampler_factory(trainer.policy, ctx.seed, ctx.task.temperature)
 
 
 for _algo, _name in (("ppo", "torchrl_ppo"), ("grpo", "grpo"), ("rloo", "rloo")):
@@ -274,7 +290,7 @@ def reinforce(ctx: RunContext):
 
     learner = Reinforce.create(ctx.env_kwargs, ctx.num_envs, ctx.seed, env_id=ctx.env_id)
     _train_in_batches(ctx, learner)
-    return _sampler_factory(learner.policy, ctx.seed)
+    return _sampler_factory(learner.policy, ctx.seed, ctx.task.temperature)
 
 
 # ---------------------------------------------------------------- Stable-Baselines3 (agents/sb3/bench.py)
@@ -289,6 +305,10 @@ for _name in ("sb3_ppo", "sb3_a2c", "maskable_ppo"):
 
 
 # ---------------------------------------------------------------- the harness
+# the algorithms whose rollouts and evaluation sample at a task's temperature (Reinforce and SB3 sample at 1)
+SAMPLES_AT_TASK_TEMPERATURE = ("reference", "random", "torchrl_ppo", "grpo", "rloo")
+
+
 @dataclass
 class BenchConfig:
     """One benchmark: algorithms × seeds at a fixed budget of env steps, on one task.
@@ -339,6 +359,11 @@ class BenchConfig:
         unknown = [a for a in self.algos if a not in ALGORITHMS]
         if unknown:
             raise ValueError(f"algos={unknown} are not registered; registered: {sorted(ALGORITHMS)}")
+        fixed = [a for a in self.algos if a not in SAMPLES_AT_TASK_TEMPERATURE]
+        if task.temperature != 1.0 and fixed:
+            raise ValueError(f"algos={fixed} sample at temperature 1, but task={self.task!r} is defined at temperature "
+                             f"{task.temperature}; algorithms that sample at a task's temperature: "
+                             f"{sorted(SAMPLES_AT_TASK_TEMPERATURE)}")  # fmt: skip
         if min(self.budget, self.num_envs, self.eval_episodes, self.calibration_episodes) < 1 or not self.seeds:
             raise ValueError("budget, num_envs, eval_episodes and calibration_episodes must be >= 1, seeds non-empty")
         threads = self.threads
@@ -369,7 +394,7 @@ def _reference(cfg: BenchConfig) -> tuple[dict[str, Any], dict[str, float]]:
               **({"max_prompt_tokens": cfg.max_prompt_tokens} if cfg.max_prompt_tokens is not None else {}),
               **({"reward_model": task.reward_model} if task.reward_model else {})}  # fmt: skip
     rows = sample_episodes(episodes=cfg.calibration_episodes, num_envs=min(64, cfg.calibration_episodes), seed=0,
-                           env_id=task.env_id, **kwargs)  # fmt: skip
+                           env_id=task.env_id, temperature=task.temperature, **kwargs)  # fmt: skip
     rm = np.array([r["rm_score"] for r in rows])
     gold = float(np.nanmean([r["gold_score"] for r in rows]))
     turns = float(np.mean([r["turn_reward_sum"] for r in rows]))  # a partner's rewards: part of the score (0 without)

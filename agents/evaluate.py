@@ -214,7 +214,9 @@ def evaluate(
         ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
         of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
         ``samples``: the first episodes' prompt, response and scores; ``win_rate`` and the rest of
-        :func:`_win_rate` where the task gives verdicts. ``eos_penalty`` (−missing_eos_penalty) and
+        :func:`_win_rate` where the task gives verdicts; in a conversation ``turns`` and ``turn_reward_sum``
+        ``(mean, std)`` and ``multi_turn_share`` (:func:`_multi_turn_share`: with a tool, the share of episodes
+        that called it) with its Wilson interval. ``eos_penalty`` (−missing_eos_penalty) and
         ``success``/``success_ci95`` (win_rate's) are deprecated names (issue 43), written for one version.
     """
     run_of = policy if run_of is None else run_of
@@ -310,6 +312,7 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
     result["eos_penalty"] = (-mean, std)  # deprecated (issue 43), removed in the next version
     if conversation:
         result["turns"], result["turn_reward_sum"] = stat("turns"), stat("turn_reward_sum")
+        result.update(_multi_turn_share(rows))
     result.update(_win_rate(rows))
     result["length_capped"] = float(np.mean([r["length_capped"] for r in rows]))
     result["distinct_1"] = distinct_n([r["ids"] for r in rows], 1)
@@ -324,6 +327,14 @@ def _summary(rows: list[dict], beta: float, seconds: float, conversation: bool =
         for r in rows[:8]
     ]  # fmt: skip
     return result
+
+
+def _multi_turn_share(rows: list[dict]) -> dict[str, Any]:
+    """The share of conversations that went past the policy's first turn, with its Wilson interval: with a tool
+    partner, the share that called the tool (a turn without a call is the final answer); in a game, that made a
+    move the game answered without ending it."""
+    over = int(sum(r["turns"] > 1 for r in rows))
+    return {"multi_turn_share": over / len(rows), "multi_turn_share_ci95": list(wilson_interval(over, len(rows)))}
 
 
 def _win_rate(rows: list[dict]) -> dict[str, Any]:
@@ -353,5 +364,8 @@ def format_eval(name: str, result: dict) -> str:
     parts = [f"{k} {v[0]:+.3f} ± {v[1]:.3f}" for k, v in result.items() if isinstance(v, tuple)]
     if "win_rate" in result:  # a game's wins, with their 95 % interval
         parts += ["win_rate {:.3f} [{:.3f}, {:.3f}]".format(result["win_rate"], *result["win_rate_ci95"])]
+    if "multi_turn_share" in result:  # with a tool: the share of episodes that called it
+        parts += ["multi_turn_share {:.3f} [{:.3f}, {:.3f}]".format(result["multi_turn_share"],
+                                                                   *result["multi_turn_share_ci95"])]  # fmt: skip
     parts += [f"distinct-2 {result['distinct_2']:.3f}"]
     return f"{name}: " + ", ".join(parts)

@@ -29,6 +29,9 @@ PROMPT_SETS = {
     "review-requests-reworded": ASSETS / "data" / "review_requests_reworded.txt",
     "addition-requests": ASSETS / "data" / "addition_requests_train.txt",
     "addition-requests-eval": ASSETS / "data" / "addition_requests_eval.txt",
+    # a * b + c for a chat model with the calculator tool, one worked call in each prompt (multi-line: JSONL)
+    "calculator-problems": ASSETS / "data" / "calculator_problems_train.jsonl",
+    "calculator-problems-eval": ASSETS / "data" / "calculator_problems_eval.jsonl",
 }
 
 __all__ = [

@@ -592,16 +592,18 @@ def _add_rm_calibrate(sub: _Subparsers) -> None:
 def _add_bench(sub: _Subparsers) -> None:
     p = sub.add_parser("bench", help="compare RL algorithms on the same env, budget and evaluator")
     p.add_argument("--task", default=None,
-                   choices=["sentiment", "arithmetic", "arithmetic-proxy", "smollm2-sentiment", "smollm2-guess"],
+                   choices=["sentiment", "arithmetic", "arithmetic-proxy", "smollm2-sentiment", "smollm2-guess",
+                            "smollm2-calculator"],
                    help="sentiment (TextRLHF-v0), arithmetic (TextArithmetic-v0, the verifier as reward), "
                    "arithmetic-proxy (its learned proxy as reward, the verifier as gold), smollm2-sentiment "
                    "(SmolLM2-135M-Instruct writing reviews, judged on held-out requests) or smollm2-guess "
-                   "(TextMultiTurn-v0: SmolLM2 playing TextArena's GuessTheNumber, judged on held-out games) "
-                   "(default: sentiment)",
+                   "(TextMultiTurn-v0: SmolLM2 playing TextArena's GuessTheNumber, judged on held-out games) or "
+                   "smollm2-calculator (SmolLM2 with the calculator tool on a * b + c at temperature 0.7, judged on "
+                   "held-out problems) (default: sentiment)",
                    )  # fmt: skip
     p.add_argument("--algos", default=None, help="comma-separated registered algorithms (default: all)")
     p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the task's: 0,1 for "
-                   "smollm2-sentiment and smollm2-guess, else 0,1,2)")  # fmt: skip
+                   "the SmolLM2 tasks, else 0,1,2)")  # fmt: skip
     p.add_argument("--budget", type=int, default=None, help="env steps (tokens) per trained algorithm")
     p.add_argument("--num-envs", type=int, default=None, help="env slots (default: the task's)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the preset's)")

@@ -22,7 +22,7 @@ from textgym.rewards.base import Episodes
 from textgym.rewards.builtin import HFRewardModel
 from textgym.rewards.registry import register
 
-__all__ = ["AdditionAnswerVerifier", "ArithmeticVerifier"]
+__all__ = ["AdditionAnswerVerifier", "ArithmeticVerifier", "CalculatorAnswerVerifier"]
 
 _PROBLEM = re.compile(r"^\s*(-?\d+)\s*\+\s*(-?\d+)\s*=\s*$")
 
@@ -103,6 +103,55 @@ class AdditionAnswerVerifier:
 
 
 register("addition-answer", lambda **kwargs: AdditionAnswerVerifier())
+
+_ASKED_EXPRESSION = re.compile(r"What is ([\d\s+\-*/()]*\d[\d\s+\-*/()]*)\?")
+
+
+class CalculatorAnswerVerifier:
+    """1.0 when the conversation's final answer is the value of the arithmetic its prompt asks for, else 0.0.
+
+    For the calculator task (``partner="calculator"``, ``prompts="calculator-problems"``): the question is
+    the prompt's *last* ``What is EXPRESSION?`` (an earlier one is the prompt's worked example), its value
+    computed exactly by the calculator's own evaluator. The env hands a conversation's reward model the
+    episode's *last* turn, the one without a tool call, so what is judged is the answer the policy gave,
+    not the tool's ``<result>`` (which is the partner's text): the integer that turn commits to under
+    :mod:`textgym.rewards.answers`' strict rules, the expression's numbers not counting as answers.
+
+    Raises:
+        ValueError: at scoring, a prompt with no ``What is EXPRESSION?`` or one whose value is not an integer
+            (it names the prompt).
+    """
+
+    name = "calculator-answer"
+    shares_tokenizer = False
+
+    @staticmethod
+    def question(prompt: str) -> tuple[int, tuple[int, ...]]:
+        """(the asked value, the expression's own numbers) of ``prompt``."""
+        from textgym.partners.tools import evaluate  # the tool's evaluator: one definition of the arithmetic
+
+        asked = _ASKED_EXPRESSION.findall(prompt)
+        try:
+            value = evaluate(asked[-1]) if asked else None
+        except ValueError:  # 5 / 0, or no expression at all ("What is 5 5?"): the same sentence below
+            value = None
+        if not isinstance(value, int):
+            raise ValueError(f"prompt={prompt[-80:]!r} asks no 'What is EXPRESSION?' with an integer value")
+        return value, tuple(int(n) for n in re.findall(r"\d+", asked[-1]))
+
+    def verdicts(self, episodes: Episodes) -> np.ndarray:
+        """``(B,)`` bool: the final turn commits to the asked value."""
+        out = []
+        for prompt, response in zip(episodes.prompts, episodes.responses):
+            value, operands = self.question(prompt)
+            out.append(committed_answer(response, operands) == value)
+        return np.array(out, dtype=bool)
+
+    def score(self, episodes: Episodes) -> np.ndarray:
+        return self.verdicts(episodes).astype(np.float64)
+
+
+register("calculator-answer", lambda **kwargs: CalculatorAnswerVerifier())
 
 
 def _arithmetic_proxy(**kwargs) -> HFRewardModel:
