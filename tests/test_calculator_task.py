@@ -122,3 +122,22 @@ def test_evaluate_reports_the_share_of_episodes_that_called_the_tool():
                       reward_model="calculator-answer", normalize_reward=False)  # fmt: skip
     assert result["multi_turn_share"] == 0.5 and result["multi_turn_share_ci95"] == list(wilson_interval(4, 8))
     assert result["turns"][0] == 1.5 and result["win_rate"] == 1.0 and result["judged_episodes"] == 8
+
+
+def test_the_calculator_bench_runs_its_reference_row_on_held_out_problems_at_its_temperature(tmp_path):
+    from textgym.agents.benchmark import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(task="smollm2-calculator", algos=["reference"], seeds=[0], budget=8, num_envs=2,
+                      eval_episodes=2, calibration_episodes=2, out=str(tmp_path / "bench"))  # fmt: skip
+    (row,) = run_benchmark(cfg)
+    assert row["score"] == row["gold_score"] == row["win_rate"] and row["win_rate"] in (0.0, 0.5, 1.0)
+    # π_ref sampled at 0.7 is not π_ref: its KL to π_ref (at temperature 1, the env's) is charged like any policy's
+    assert 1 <= row["turns"] <= 3 and row["objective"] == pytest.approx(row["score"] - 0.05 * row["kl"], abs=1e-3)
+
+
+def test_the_bench_refuses_an_algorithm_that_cannot_sample_at_the_tasks_temperature():
+    from textgym.agents.benchmark import BenchConfig
+
+    with pytest.raises(ValueError, match=r"algos=\['reinforce'\] sample at temperature 1, but "
+                                         r"task='smollm2-calculator' is defined at temperature 0.7"):  # fmt: skip
+        BenchConfig(task="smollm2-calculator", algos=["grpo", "reinforce"])
