@@ -46,6 +46,19 @@ def test_the_verifier_judges_the_last_question_and_the_final_turns_answer():
     assert judge("What is (2 + 3) * -4 // 3?", "-7") == [1.0]  # the tool's own arithmetic
 
 
+def test_a_last_turn_that_still_calls_the_tool_is_no_answer():
+    """GRPO on SmolLM2 found this: call <calc>RESULT</calc> until max_turns ends the conversation; the last
+    turn then held the right number once (one number, not an operand) and was paid as the answer."""
+    prompt = prompt_lines("calculator-problems")[0]
+    right = CalculatorAnswerVerifier.question(prompt)[0]
+    assert judge(prompt, f"You: <calc>{right}</calc>", f"<calc>{right}</calc> {right}", f"You: {right}") == [
+        0.0,
+        0.0,
+        1.0,
+    ]
+    assert judge(prompt, f"<calc>{right}") == [1.0]  # an unclosed call is no call, for the tool as for the verifier
+
+
 @pytest.mark.parametrize("prompt", ["Write a review.", "What is 7 / 2?", "What is 5 / 0?", "What is 5 5?"])
 def test_a_prompt_without_an_integer_question_is_refused_naming_it(prompt):
     with pytest.raises(ValueError, match=re.escape(f"prompt={prompt!r} asks no 'What is EXPRESSION?'")):
@@ -87,7 +100,7 @@ def test_the_calculator_preset_and_bench_task_play_the_same_env():
     assert preset["max_new_tokens"] == task.max_new_tokens and preset["learning_rate"] == task.agent_lr
     assert task.eval_prompts == preset["eval_prompts"] and task.reward_model == preset["reward_model"]
     cfg = PPOConfig(**{**preset, "out": "unused"})
-    assert cfg.held_out_prompts() == "calculator-problems-eval" and cfg.num_iterations * cfg.num_envs == 512
+    assert cfg.held_out_prompts() == "calculator-problems-eval" and cfg.num_iterations * cfg.num_envs == 384
     assert np.isclose(cfg.temperature, task.agent["temperature"])
 
 

@@ -12,7 +12,7 @@ import operator
 import re
 from collections.abc import Callable
 
-__all__ = ["Calculator", "evaluate"]
+__all__ = ["Calculator", "calls", "evaluate"]
 
 MAX_EXPRESSION_CHARS = 500  # a longer "expression" is not arithmetic a policy needs; it also bounds parse depth
 MAX_DIGITS = 100  # integers stay below 10**100: exact results a reader can check, never a memory blow-up
@@ -62,14 +62,20 @@ class Calculator:
 
     def reply(self, conversation: list[dict[str, str]]) -> tuple[str, float, bool]:
         """Evaluate the policy's last call, or end the episode when its turn made none."""
-        calls = _CALL.findall(conversation[-1]["content"])
-        if not calls:
+        made = calls(conversation[-1]["content"])
+        if not made:
             return "", 0.0, True
         try:
-            shown = _show(evaluate(calls[-1]))
+            shown = _show(evaluate(made[-1]))
         except _Refused as err:
             shown = f"error: {err}"
         return f"<result>{shown}</result>", 0.0, False
+
+
+def calls(turn: str) -> list[str]:
+    """The expressions of the ``<calc>EXPRESSION</calc>`` calls in a policy's ``turn``, in order (an unclosed
+    ``<calc>`` is no call): the one reading of a call, for the tool and for a verifier of its conversations."""
+    return _CALL.findall(turn)
 
 
 def evaluate(expression: str) -> int | float:

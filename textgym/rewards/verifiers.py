@@ -113,9 +113,14 @@ class CalculatorAnswerVerifier:
     For the calculator task (``partner="calculator"``, ``prompts="calculator-problems"``): the question is
     the prompt's *last* ``What is EXPRESSION?`` (an earlier one is the prompt's worked example), its value
     computed exactly by the calculator's own evaluator. The env hands a conversation's reward model the
-    episode's *last* turn, the one without a tool call, so what is judged is the answer the policy gave,
-    not the tool's ``<result>`` (which is the partner's text): the integer that turn commits to under
-    :mod:`textgym.rewards.answers`' strict rules, the expression's numbers not counting as answers.
+    episode's *last* turn, so what is judged is the answer the policy gave, not the tool's ``<result>``
+    (which is the partner's text): the integer that turn commits to under :mod:`textgym.rewards.answers`'
+    strict rules, the expression's numbers not counting as answers.
+
+    A last turn that still calls the tool is no answer and scores 0: the conversation ran out of turns (or
+    tokens) before the policy answered. Why: GRPO on SmolLM2 found in four iterations that calling
+    ``<calc>11033</calc>`` with the result until ``max_turns`` ends the episode was paid as the answer 11033
+    (docs/multi-turn.md).
 
     Raises:
         ValueError: at scoring, a prompt with no ``What is EXPRESSION?`` or one whose value is not an integer
@@ -140,11 +145,13 @@ class CalculatorAnswerVerifier:
         return value, tuple(int(n) for n in re.findall(r"\d+", asked[-1]))
 
     def verdicts(self, episodes: Episodes) -> np.ndarray:
-        """``(B,)`` bool: the final turn commits to the asked value."""
+        """``(B,)`` bool: the final turn answers (calls no tool) and commits to the asked value."""
         out = []
+        from textgym.partners.tools import calls
+
         for prompt, response in zip(episodes.prompts, episodes.responses):
             value, operands = self.question(prompt)
-            out.append(committed_answer(response, operands) == value)
+            out.append(not calls(response) and committed_answer(response, operands) == value)
         return np.array(out, dtype=bool)
 
     def score(self, episodes: Episodes) -> np.ndarray:
