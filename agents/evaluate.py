@@ -214,10 +214,8 @@ def evaluate(
         ``kl``, ``objective``, ``response_length`` as ``(mean, std)``; ``length_capped`` (the fraction
         of responses cut at the cap), ``distinct_1``, ``distinct_2``, ``kl_coef``, ``seconds``, ``episodes``;
         ``samples``: the first episodes' prompt, response and scores; ``win_rate`` and the rest of
-        :func:`_win_rate` where the task gives verdicts; in a conversation ``turns`` and ``turn_reward_sum``
-        ``(mean, std)`` and ``multi_turn_share`` (:func:`_multi_turn_share`: with a tool, the share of episodes
-        that called it) with its Wilson interval. ``eos_penalty`` (−missing_eos_penalty) and
-        ``success``/``success_ci95`` (win_rate's) are deprecated names (issue 43), written for one version.
+        :func:`_win_rate` where the task gives verdicts; a conversation's ``turns``, ``turn_reward_sum`` and
+        :func:`_multi_turn_share`. Deprecated (issue 43), for one version: ``eos_penalty``, ``success``.
     """
     run_of = policy if run_of is None else run_of
     env_id, temperature, sampling, env_kwargs = _eval_settings(run_of, temperature, env_kwargs)
