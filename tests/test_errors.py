@@ -308,7 +308,10 @@ def test_numeric_reward_model_outputs_are_accepted():
 
 # ---------------------------------------------------------------- reward-model specs
 def test_unknown_reward_model_name():
-    names = r"\(addition-answer, arithmetic, arithmetic-proxy, default, default-response, length, vader\)"
+    names = (
+        r"\(addition-answer, arithmetic, arithmetic-proxy, calculator-answer, default, default-response, length, "
+        r"vader\)"
+    )
     with pytest.raises(ValueError, match=r"reward_model='no-such-rm' is not a registered name " + names):
         gym.make("TextRLHF-v0", reward_model="no-such-rm")
 

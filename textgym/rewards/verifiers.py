@@ -16,6 +16,7 @@ import re
 
 import numpy as np
 
+from textgym.arithmetic import calls, evaluate
 from textgym.asset_paths import ARITH_PROXY_RM
 from textgym.rewards.answers import committed_answer
 from textgym.rewards.base import Episodes
@@ -133,8 +134,6 @@ class CalculatorAnswerVerifier:
     @staticmethod
     def question(prompt: str) -> tuple[int, tuple[int, ...]]:
         """(the asked value, the expression's own numbers) of ``prompt``."""
-        from textgym.partners.tools import evaluate  # the tool's evaluator: one definition of the arithmetic
-
         asked = _ASKED_EXPRESSION.findall(prompt)
         try:
             value = evaluate(asked[-1]) if asked else None
@@ -147,8 +146,6 @@ class CalculatorAnswerVerifier:
     def verdicts(self, episodes: Episodes) -> np.ndarray:
         """``(B,)`` bool: the final turn answers (calls no tool) and commits to the asked value."""
         out = []
-        from textgym.partners.tools import calls
-
         for prompt, response in zip(episodes.prompts, episodes.responses):
             value, operands = self.question(prompt)
             out.append(not calls(response) and committed_answer(response, operands) == value)
