@@ -166,7 +166,7 @@ TASKS = {
                                     "prompts": "calculator-problems", "gold_scorer": "calculator-answer",
                                     "max_turn_tokens": 32, "max_turns": 3},
                                eval_prompts="calculator-problems-eval", temperature=0.7,
-                               agent={"num_minibatches": 4, "early_stop_kl": 0.05, "temperature": 0.7},
+                               agent={"num_minibatches": 4, "early_stop_kl": 0.05},
                                num_envs=32, seeds=(0, 1), calibration_episodes=128),
 }  # fmt: skip
 
@@ -263,7 +263,7 @@ def agent_config(ctx: RunContext, algo: str):
 
     kw = ctx.env_kwargs
     settings = dict(num_minibatches=2 if ctx.num_envs % 2 == 0 else 1, learning_rate=ctx.task.agent_lr,
-                    ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3,
+                    ppo_epochs=ctx.task.agent_epochs, critic_learning_rate=1e-3, temperature=ctx.task.temperature,
                     **{k: v for k, v in ctx.task.env.items() if k in ENV_FIELDS})  # fmt: skip
     settings.update(ctx.task.agent)
     return PPOConfig(total_episodes=10**9, num_envs=ctx.num_envs, seed=ctx.seed, out=str(ctx.out), device="cpu",

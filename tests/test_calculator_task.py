@@ -101,7 +101,9 @@ def test_the_calculator_preset_and_bench_task_play_the_same_env():
     assert task.eval_prompts == preset["eval_prompts"] and task.reward_model == preset["reward_model"]
     cfg = PPOConfig(**{**preset, "out": "unused"})
     assert cfg.held_out_prompts() == "calculator-problems-eval" and cfg.num_iterations * cfg.num_envs == 384
-    assert np.isclose(cfg.temperature, task.agent["temperature"])
+    assert np.isclose(cfg.temperature, task.temperature)
+    ctx = benchmark.RunContext({**task.env, "max_new_tokens": 144, "kl_coef": 0.05}, 16384, 0, 32, None, task)
+    assert np.isclose(benchmark.agent_config(ctx, "grpo").temperature, task.temperature)
 
 
 class CallsInEvenSlots:

@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 
-from textgym.arithmetic import calls, evaluate
+from textgym.arithmetic import Refused, calls, evaluate
 from textgym.asset_paths import ARITH_PROXY_RM
 from textgym.rewards.answers import committed_answer
 from textgym.rewards.base import Episodes
@@ -137,7 +137,7 @@ class CalculatorAnswerVerifier:
         asked = _ASKED_EXPRESSION.findall(prompt)
         try:
             value = evaluate(asked[-1]) if asked else None
-        except ValueError:  # 5 / 0, or no expression at all ("What is 5 5?"): the same sentence below
+        except Refused:  # 5 / 0, or no expression at all ("What is 5 5?"): the same sentence below
             value = None
         if not isinstance(value, int):
             raise ValueError(f"prompt={prompt[-80:]!r} asks no 'What is EXPRESSION?' with an integer value")
