@@ -1,5 +1,6 @@
 """The PPO learner under torch.distributed: 2 gloo processes update as one process does on the same rollout."""
 
+import gc
 import json
 import os
 import socket
@@ -9,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 from textgym.agents.ppo import PPOConfig, Trainer, train
 from textgym.agents.ppo.config import PRESETS
@@ -43,9 +45,14 @@ def _rank_main(rank: int, world: int, port: int, folder: str) -> None:
 
     t = Trainer.create(tiny(os.path.join(folder, "run")))
     row = t.iteration()
-    torch.save({"row": row, "policy": t.policy.state_dict(), "critic": t.critic.state_dict(), "grad": _grad(t),
-                "action": t.last_episodes["action"]}, os.path.join(folder, f"rank{rank}.pt"))  # fmt: skip
+    saved = {"row": row, "policy": t.policy.state_dict(), "critic": t.critic.state_dict(), "grad": _grad(t),
+             "action": t.last_episodes["action"]}  # fmt: skip
+    wrapped = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
     t.close()
+    gc.collect()
+    # what leave() relies on: no DDP Reducer left to free the destroyed group's last reference with the GIL held
+    saved["ddp"] = (wrapped, sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+    torch.save(saved, os.path.join(folder, f"rank{rank}.pt"))
     distributed.leave()
 
 
@@ -68,6 +75,8 @@ def test_two_gloo_processes_update_as_one_process_on_the_same_rollout(tmp_path):
     mp.spawn(_rank_main, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     row, t = _single_process(tmp_path / "single")
+    # the policy and the critic trained through DDP, and closing the trainer let both wrappers go
+    assert [rank["ddp"] for rank in ranks] == [(2, 0), (2, 0)]
     # rank 0's rollout reached rank 1, and it is the single process's (same seed)
     assert torch.equal(ranks[0]["action"], ranks[1]["action"])
     assert torch.equal(ranks[0]["action"], t.last_episodes["action"])

@@ -267,27 +267,6 @@ def cmd_train(args: argparse.Namespace) -> None:
         # what is on disk, not a fixed list: GRPO and RLOO have no critic, so no value/ folder
         wrote = [f"{cfg.out}/{name}" for name in RUN_OUTPUTS if (Path(cfg.out) / name).exists()]
         print(f"wrote {', '.join(wrote)}")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _leave_torchrun_worker()
-
-
-def _leave_torchrun_worker() -> None:
-    """End a torchrun worker whose training finished and whose run is written, skipping interpreter finalization.
-
-    Why: a worker that had trained with a gloo group hung at exit after its last line was printed and the
-    group was destroyed (2 fresh-clone suite runs in about eight, one with the barrier before the destroy):
-    torch's C++ threads (gloo's, autograd's) still release Python objects while the interpreter tears the GIL
-    down (pytorch/pytorch#190489, open). So the exit runs what a normal one runs before finalization — the
-    ``atexit`` handlers (multiprocessing's unlink the semaphores tqdm's lock made), then flushes stdout and
-    stderr — and leaves without the finalization: the run folder, the reporters and the process group were
-    already closed by ``train``.
-    """
-    import atexit
-
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -20,6 +20,7 @@ single process and nothing here does anything.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -70,14 +71,18 @@ def leave(finished: bool = True) -> None:
     """Leave the process group :func:`init` joined (nothing outside torchrun).
 
     ``finished`` (every rank got here without an error): a barrier first, so no collective is still in
-    flight. Why: a gloo group destroyed while one of its threads still completes work needs the GIL to
-    release that work's Python objects, while the thread freeing the group holds the GIL and waits for
-    it: rank 0 hung at exit, its training done (one suite run in about six). After an error the
-    other ranks may never reach a barrier, so none is waited for.
+    flight. After an error the other ranks may never reach a barrier, so none is waited for.
+
+    Every DDP wrapper must be gone before this (:meth:`.Trainer.close` drops them): a gloo group whose
+    last reference a DDP Reducer frees is destroyed with the GIL held, and its destructor waits for a
+    thread that needs the GIL to free a finished collective's tensors (the hang at the end of a
+    torchrun run). Released by Python, as ``destroy_process_group`` does here, the group lets the GIL
+    go first. A collection runs before, so a wrapper kept only by a reference cycle is freed now too.
     """
     if initialized():
         if finished:
             dist.barrier()
+        gc.collect()
         dist.destroy_process_group()
 
 

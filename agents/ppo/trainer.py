@@ -328,11 +328,20 @@ class Trainer:
         return self.cfg.learning_rate * factor
 
     def close(self) -> None:
-        """Close the env and end the Ray workers (and the local Ray cluster the run started)."""
+        """Close the env, end the Ray workers (and the local Ray cluster the run started), drop the loss.
+
+        Why the loss: under torchrun it calls the models through DDP, whose C++ Reducer holds the process
+        group. Freed after :func:`.distributed.leave` destroyed the group, the Reducer drops the group's
+        last reference with the GIL held and joins gloo's threads, while one of them waits for the GIL to
+        free the last collective's tensors: the rank hung with its training done (2 torchrun runs in 57
+        under load). Dropped here, before the group is destroyed, the last reference is Python's, whose
+        release lets the GIL go. A closed trainer cannot update.
+        """
         if self.rollouts is not None:
             self.rollouts.close()
             self.rollouts = None
         self.envs.close()
+        self.loss = self.actor_logprobs = None
 
     # ------------------------------------------------------------------ samples and evaluation
     def samples(self) -> list[dict[str, Any]]:
