@@ -319,3 +319,27 @@ def test_the_guess_results_table_holds_the_numbers_of_its_eval_files():
     assert f"| win rate over π_ref | | {gains[0]} | {gains[1]} |" in page  # files from before the rename: 'success'
     kls = [f"{e['policy']['kl'][0]:.2f} ± {e['policy']['kl'][1]:.2f}" for e in evals.values()]
     assert f"| KL to π_ref (nats per game) | 0 | {kls[0]} | {kls[1]} |" in page
+
+
+def test_the_calculator_results_table_holds_the_numbers_of_its_eval_files():
+    """The tool-use table's accuracy, gain, tool share and KL, for π_ref and each seed, as eval.json has them."""
+    import json
+
+    page = (ROOT / "docs" / "multi-turn.md").read_text()
+    runs = ROOT / "docs" / "multi-turn-runs"
+    evals = [json.loads((runs / f"smollm2-calculator-grpo-s{seed}" / "eval.json").read_text()) for seed in (0, 1)]
+    assert evals[0]["pi_ref"] == {**evals[1]["pi_ref"], "seconds": evals[0]["pi_ref"]["seconds"]}  # same seeds
+
+    def share(row: dict, key: str, bold: str = "") -> str:
+        low, high = row[f"{key}_ci95"]
+        return f"{bold}{100 * row[key]:.1f} %{bold} [{100 * low:.1f}, {100 * high:.1f}]"
+
+    ref, pols = evals[0]["pi_ref"], [e["policy"] for e in evals]
+    accuracy = " | ".join(share(p, "win_rate", "**") for p in pols)
+    assert f"| exact-answer accuracy (Wilson 95 %) | {share(ref, 'win_rate')} | {accuracy} |" in page
+    gains = " | ".join(f"**+{100 * (p['win_rate'] - ref['win_rate']):.1f} points**" for p in pols)
+    assert f"| accuracy over π_ref | | {gains} |" in page
+    tools = " | ".join(share(row, "multi_turn_share") for row in (ref, *pols))
+    assert f"| conversations that call the tool (Wilson 95 %) | {tools} |" in page
+    kls = " | ".join(f"{row['kl'][0]:.2f} ± {row['kl'][1]:.2f}" for row in (ref, *pols))
+    assert f"| KL to π_ref (nats per conversation) | {kls} |" in page
