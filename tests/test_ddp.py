@@ -48,8 +48,7 @@ def _rank_main(rank: int, world: int, port: int, folder: str) -> None:
     saved = {"row": row, "policy": t.policy.state_dict(), "critic": t.critic.state_dict(), "grad": _grad(t),
              "action": t.last_episodes["action"]}  # fmt: skip
     wrapped = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
-    t.close()
-    gc.collect()
+    t.close()  # frees both wrappers by reference count alone, before leave()'s collection
     # what leave() relies on: no DDP Reducer left to free the destroyed group's last reference with the GIL held
     saved["ddp"] = (wrapped, sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
     torch.save(saved, os.path.join(folder, f"rank{rank}.pt"))

@@ -46,8 +46,8 @@ def evaluate(expression: str) -> int | float:
     """The value of an arithmetic ``expression``, computed by walking its syntax tree (never ``eval``).
 
     Raises:
-        ValueError: the expression is not arithmetic, is too long, divides by zero, or its result is
-            complex, not finite or too large; the message is the reason shown to the policy.
+        Refused: (a ValueError) the expression is not arithmetic, is too long, divides by zero, or its
+            result is complex, not finite or too large; the message is the reason shown to the policy.
     """
     text = expression.strip()
     if len(text) > MAX_EXPRESSION_CHARS:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from textgym.arithmetic import Refused, calls, evaluate
 
-__all__ = ["Calculator", "calls", "evaluate"]  # calls and evaluate: re-exported, their home is textgym.arithmetic
+__all__ = ["Calculator", "evaluate"]  # evaluate: public here before it moved to textgym.arithmetic
 
 
 class Calculator:
